@@ -1,0 +1,190 @@
+// Package kvstate is the pure core of limitmesh: every limit algorithm as a
+// deterministic function of (limit, state, now, cost), fixed-point units, and
+// the binary codec for the state a limit key keeps in JetStream KV.
+//
+// Units. Quantities (tokens, costs, counts) are int64 micro-units: 1 unit is
+// [Unit] = 1,000,000 micro-units. Rates are micro-units per second. Times and
+// durations are int64 nanoseconds (Unix nanoseconds for instants). No
+// floating point is used in a decision.
+//
+// Purity. Nothing in the decision functions reads a clock, allocates on the
+// token-bucket and GCRA paths, logs or does I/O, and no function mutates the
+// state it is given: deciding returns a new state, which is exactly what a
+// compare-and-swap write needs.
+//
+// Time. The caller supplies now (the serialization point's clock). Elapsed time
+// is clamped to [0, time-to-full]: an instant equal to or before the state's
+// last update never creates capacity, and very long idle periods, huge rates
+// and huge bursts never overflow (intermediate products use 128-bit integers
+// and saturate).
+//
+// This package imports nothing of the project.
+package kvstate
+
+import "math"
+
+// Unit is the number of micro-units in one unit of cost or capacity.
+const Unit int64 = 1_000_000
+
+// Second is one second in nanoseconds, the time base of rates.
+const Second int64 = 1_000_000_000
+
+// Never is the RetryAfter of a decision whose cost can never be admitted
+// because it exceeds the limit's capacity.
+const Never int64 = -1
+
+// MaxLogEntries is the most entries a sliding_log state holds (§6). A log
+// that is full denies until its oldest entry expires.
+const MaxLogEntries = 10_000
+
+// MaxHolds is the most holders a concurrency state tracks.
+const MaxHolds = 10_000
+
+// Algorithm names a limit algorithm. The zero value is invalid.
+type Algorithm uint8
+
+// The algorithms. Their numeric values are part of the state codec: never
+// renumber them.
+const (
+	TokenBucket   Algorithm = 1 // tokens refilled at Rate up to Burst
+	GCRA          Algorithm = 2 // the token-bucket envelope as a theoretical arrival time
+	FixedWindow   Algorithm = 3 // at most Limit per aligned Window
+	SlidingWindow Algorithm = 4 // two-window weighted estimate
+	SlidingLog    Algorithm = 5 // exact trailing Window, at most MaxLogEntries entries
+	Concurrency   Algorithm = 6 // at most Limit held at once; holds expire after Window
+)
+
+var algorithmNames = [...]string{
+	TokenBucket:   "token_bucket",
+	GCRA:          "gcra",
+	FixedWindow:   "fixed_window",
+	SlidingWindow: "sliding_window",
+	SlidingLog:    "sliding_log",
+	Concurrency:   "concurrency",
+}
+
+// String returns the algorithm's policy name, such as "token_bucket".
+func (a Algorithm) String() string {
+	if int(a) < len(algorithmNames) && algorithmNames[a] != "" {
+		return algorithmNames[a]
+	}
+	return "unknown"
+}
+
+// ParseAlgorithm returns the algorithm with the given policy name.
+func ParseAlgorithm(name string) (Algorithm, bool) {
+	for a, n := range algorithmNames {
+		if n != "" && n == name {
+			return Algorithm(a), true
+		}
+	}
+	return 0, false
+}
+
+// Bucket reports whether the algorithm is a bucket (rate and burst) rather
+// than a window or concurrency limit.
+func (a Algorithm) Bucket() bool { return a == TokenBucket || a == GCRA }
+
+// Limit is the parameters of one limit, in fixed point. Which fields apply
+// depends on Algorithm:
+//
+//	token_bucket, gcra:          Rate (micro-units/s), Burst (micro-units)
+//	fixed_window, sliding_window,
+//	sliding_log:                 Limit (micro-units per Window), Window (ns)
+//	concurrency:                 Limit (micro-units held at once), Window (hold expiry, ns)
+//
+// A valid Limit has positive values in the fields its algorithm uses; see
+// [Limit.Validate].
+type Limit struct {
+	Algorithm Algorithm
+	Rate      int64
+	Burst     int64
+	Limit     int64
+	Window    int64
+}
+
+// Capacity is the most a single request may cost and ever be admitted:
+// Burst for buckets, Limit otherwise.
+func (l Limit) Capacity() int64 {
+	if l.Algorithm.Bucket() {
+		return l.Burst
+	}
+	return l.Limit
+}
+
+// State is the state of one limit for one key. It is a value: decisions
+// return a new State and never modify the one they are given (the slices are
+// copied on write). The zero State is "never seen": buckets start full and
+// windows empty.
+type State struct {
+	// Algorithm is the algorithm the state belongs to; 0 means never seen.
+	Algorithm Algorithm
+
+	// token_bucket: Tokens micro-units plus Frac/1e9 of a micro-unit were
+	// available at Last. 0 <= Frac < 1e9.
+	Tokens int64
+	Frac   int64
+	Last   int64
+
+	// gcra: the theoretical arrival time is TAT + TATFrac/Rate ns,
+	// 0 <= TATFrac < Rate. GCRA also keeps Last, the latest instant it has
+	// seen, so that a clock stepping backwards never changes its credit.
+	TAT     int64
+	TATFrac int64
+
+	// fixed_window, sliding_window: the current window starts at
+	// WindowStart and holds Count micro-units; Prev is the previous window's
+	// count (sliding_window only).
+	WindowStart int64
+	Count       int64
+	Prev        int64
+
+	// sliding_log: admitted entries, oldest first.
+	Log []LogEntry
+
+	// concurrency: current holds.
+	Holds []Hold
+}
+
+// LogEntry is one admitted request in a sliding log: its instant (ns) and
+// cost (micro-units).
+type LogEntry struct {
+	At   int64
+	Cost int64
+}
+
+// Hold is one holder of concurrency slots: Cost micro-units held by ID until
+// it is released or Expires (ns), so a crashed holder's slots come back.
+type Hold struct {
+	ID      string
+	Cost    int64
+	Expires int64
+}
+
+// Decision is the outcome of deciding one request against one limit, or
+// against every limit of a key.
+type Decision struct {
+	// Allowed is the decision. A denial spends nothing.
+	Allowed bool
+	// Remaining is the micro-units left after this decision (in the limit
+	// with the least left, for several limits).
+	Remaining int64
+	// RetryAfter is 0 when allowed; when denied, the nanoseconds until this
+	// cost could be admitted with no other traffic (rounded up), or Never.
+	RetryAfter int64
+	// ResetAfter is the nanoseconds until the limit is full again (buckets)
+	// or its current window ends (windows).
+	ResetAfter int64
+}
+
+// satAdd returns a+b saturated to the int64 range.
+func satAdd(a, b int64) int64 {
+	s := a + b
+	if (s > a) == (b > 0) {
+		return s
+	}
+	if b > 0 {
+		return math.MaxInt64
+	}
+	return math.MinInt64
+}

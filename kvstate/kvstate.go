@@ -21,7 +21,10 @@
 // This package imports nothing of the project.
 package kvstate
 
-import "math"
+import (
+	"fmt"
+	"math"
+)
 
 // Unit is the number of micro-units in one unit of cost or capacity.
 const Unit int64 = 1_000_000
@@ -101,6 +104,54 @@ type Limit struct {
 	Burst     int64
 	Limit     int64
 	Window    int64
+}
+
+// MaxGCRASpan is the longest time to fill a gcra limit from empty
+// (Burst*1e9/Rate ns, about 146 years) that [Limit.Validate] accepts. A gcra
+// state keeps its theoretical arrival time as int64 Unix nanoseconds, so the
+// span must fit beside now; token_bucket has no such bound.
+const MaxGCRASpan int64 = 1 << 62
+
+// Validate reports whether the limit can be enforced: a known algorithm and
+// positive values in the fields it uses (see [Limit]); for gcra, a time to
+// fill of at most [MaxGCRASpan]. Errors wrap [ErrInvalidLimit].
+//
+// The decision functions never panic on an invalid limit: they deny with
+// RetryAfter [Never] (fail closed) and return the state unchanged.
+func (l Limit) Validate() error {
+	switch l.Algorithm {
+	case TokenBucket, GCRA:
+		if l.Rate <= 0 {
+			return fmt.Errorf("%w: %s rate %d must be positive", ErrInvalidLimit, l.Algorithm, l.Rate)
+		}
+		if l.Burst <= 0 {
+			return fmt.Errorf("%w: %s burst %d must be positive", ErrInvalidLimit, l.Algorithm, l.Burst)
+		}
+		if l.Algorithm == GCRA {
+			fill := mul64(uint64(l.Burst), nano).divCeil(uint64(l.Rate))
+			if from64(uint64(MaxGCRASpan)).less(fill) {
+				return fmt.Errorf("%w: gcra burst/rate fills in more than %d ns; use token_bucket", ErrInvalidLimit, MaxGCRASpan)
+			}
+		}
+	case FixedWindow, SlidingWindow, SlidingLog, Concurrency:
+		if l.Limit <= 0 {
+			return fmt.Errorf("%w: %s limit %d must be positive", ErrInvalidLimit, l.Algorithm, l.Limit)
+		}
+		if l.Window <= 0 {
+			return fmt.Errorf("%w: %s window %d must be positive", ErrInvalidLimit, l.Algorithm, l.Window)
+		}
+	default:
+		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalidLimit, l.Algorithm)
+	}
+	return nil
+}
+
+// usable is the cheap part of Validate that the decision paths check.
+func (l Limit) usable() bool {
+	if l.Algorithm.Bucket() {
+		return l.Rate > 0 && l.Burst > 0
+	}
+	return l.Limit > 0 && l.Window > 0
 }
 
 // Capacity is the most a single request may cost and ever be admitted:

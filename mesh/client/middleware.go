@@ -1,0 +1,193 @@
+package client
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Request is what a [Middleware] mapping function extracts from an HTTP
+// request: the descriptor, the cost in whole units (0 means 1) and any
+// further DecideOptions (e.g. Cost("2.5") or RequestID).
+type Request struct {
+	Descriptor map[string]string
+	Cost       int64
+	Options    []DecideOption
+}
+
+// Quota describes a policy for the RateLimit-Policy header: Quota units
+// per Window.
+type Quota struct {
+	Quota  int64
+	Window time.Duration
+}
+
+type middlewareOptions struct {
+	quota   func(policy string) (Quota, bool)
+	onError func(r *http.Request, err error)
+}
+
+// A MiddlewareOption configures [Middleware].
+type MiddlewareOption func(*middlewareOptions)
+
+// PolicyQuotas gives the quota of a policy for the RateLimit-Policy header
+// (the decide reply does not carry it). Without it, or when fn returns
+// false, only the RateLimit header is sent.
+func PolicyQuotas(fn func(policy string) (Quota, bool)) MiddlewareOption {
+	return func(o *middlewareOptions) { o.quota = fn }
+}
+
+// OnError is called with every error that left the request without a
+// decision (for logging); the middleware then answers 503 or 500.
+func OnError(fn func(r *http.Request, err error)) MiddlewareOption {
+	return func(o *middlewareOptions) { o.onError = fn }
+}
+
+// Middleware limits the requests of next with c. For each request, fn
+// returns the Request to decide, or false to pass the request through
+// without limiting.
+//
+// Responses:
+//   - admitted: next serves; when the service decided under a policy, the
+//     RateLimit (and, with [PolicyQuotas], RateLimit-Policy) headers are set
+//     first;
+//   - denied (by the service or by the failure behaviour): 429 with
+//     Content-Type application/json, body
+//     {"error":"rate_limit_exceeded","policy":"<name>"},
+//     Cache-Control "no-store, private" (shared caches must never serve a
+//     tenant's 429 to another), the RateLimit headers when the service
+//     decided, and Retry-After in whole seconds rounded up from RetryAfter,
+//     at least 1 (a zero wait is sent as 1 so that clients never retry in a
+//     tight loop); Retry-After is omitted when Result.Never is set: the
+//     request cannot succeed by waiting;
+//   - no decision and no failure behaviour configured ([OnUnavailable]): 503,
+//     Retry-After 1, body {"error":"rate_limiter_unavailable"};
+//   - invalid request, internal error or malformed reply: 500, body
+//     {"error":"internal_error"} without details: the gateway built a
+//     request the service rejects, which is a server bug, not the caller's;
+//   - the HTTP request's context cancelled: nothing is written.
+//
+// The RateLimit headers follow the structured-field form of
+// draft-ietf-httpapi-ratelimit-headers-10 (RFC 8941 lists of named items):
+//
+//	RateLimit-Policy: "acme-search";q=40;w=4
+//	RateLimit: "acme-search";r=12;t=3
+//
+// where r is the remaining units rounded down, t the seconds until the
+// limit is full again (rounded up), q and w the [Quota] in units and
+// seconds (rounded up).
+func Middleware(c *Client, fn func(*http.Request) (Request, bool), next http.Handler, opts ...MiddlewareOption) http.Handler {
+	var o middlewareOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, limited := fn(r)
+		if !limited {
+			next.ServeHTTP(w, r)
+			return
+		}
+		cost := req.Cost
+		if cost == 0 {
+			cost = 1
+		}
+		res, err := c.Decide(r.Context(), req.Descriptor, cost, req.Options...)
+		if err != nil {
+			if r.Context().Err() != nil {
+				return
+			}
+			if o.onError != nil {
+				o.onError(r, err)
+			}
+			h := w.Header()
+			h.Set("Cache-Control", "no-store, private")
+			h.Set("Content-Type", "application/json")
+			if IsUnavailable(err) {
+				h.Set("Retry-After", "1")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write([]byte(`{"error":"rate_limiter_unavailable"}`))
+				return
+			}
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = w.Write([]byte(`{"error":"internal_error"}`))
+			return
+		}
+		h := w.Header()
+		if res.Source == SourceService && res.Policy != "" {
+			setRateLimitHeaders(h, res, o.quota)
+		}
+		if res.Allowed {
+			next.ServeHTTP(w, r)
+			return
+		}
+		h.Set("Cache-Control", "no-store, private")
+		h.Set("Content-Type", "application/json")
+		if !res.Never {
+			h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(res.RetryAfter), 10))
+		}
+		w.WriteHeader(http.StatusTooManyRequests)
+		body := make([]byte, 0, 64+len(res.Policy))
+		body = append(body, `{"error":"rate_limit_exceeded","policy":`...)
+		body = appendJSONString(body, res.Policy)
+		body = append(body, '}')
+		_, _ = w.Write(body)
+	})
+}
+
+// retryAfterSeconds is the Retry-After value for a wait d: whole seconds
+// rounded up, at least 1.
+func retryAfterSeconds(d time.Duration) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	if s < 1 {
+		s = 1
+	}
+	return s
+}
+
+// ceilSeconds rounds d up to whole seconds (0 for d <= 0).
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// setRateLimitHeaders sets RateLimit and, when the quota is known,
+// RateLimit-Policy for res.
+func setRateLimitHeaders(h http.Header, res *Result, quota func(string) (Quota, bool)) {
+	name := appendSFString(nil, res.Policy)
+	if quota != nil {
+		if q, ok := quota(res.Policy); ok && q.Quota >= 0 {
+			v := append([]byte(nil), name...)
+			v = append(v, ";q="...)
+			v = strconv.AppendInt(v, q.Quota, 10)
+			if w := ceilSeconds(q.Window); w > 0 {
+				v = append(v, ";w="...)
+				v = strconv.AppendInt(v, w, 10)
+			}
+			h.Set("RateLimit-Policy", string(v))
+		}
+	}
+	v := name
+	v = append(v, ";r="...)
+	v = strconv.AppendInt(v, res.Remaining.Floor(), 10)
+	v = append(v, ";t="...)
+	v = strconv.AppendInt(v, ceilSeconds(res.ResetAfter), 10)
+	h.Set("RateLimit", string(v))
+}
+
+// appendSFString appends s as an RFC 8941 sf-string: quotes and
+// backslashes escaped, characters outside printable ASCII dropped.
+func appendSFString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c >= 0x20 && c < 0x7f:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
+}

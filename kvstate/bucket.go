@@ -18,8 +18,10 @@ func bucketFull(l Limit) u128 { return mul64(uint64(l.Burst), nano) }
 
 // bucketDecide decides cost against credit (nano-micro-units, at most the
 // limit's capacity) and returns the decision and the credit left. l must be
-// usable.
-func bucketDecide(l Limit, credit u128, cost int64) (Decision, u128) {
+// usable. lag is how far the caller's now is behind the instant the credit
+// is as of (a clock stepping backwards): RetryAfter and ResetAfter count
+// from the caller's now, so they include it.
+func bucketDecide(l Limit, credit u128, cost int64, lag uint64) (Decision, u128) {
 	rate := uint64(l.Rate)
 	full := bucketFull(l)
 	d := Decision{Allowed: true}
@@ -34,14 +36,16 @@ func bucketDecide(l Limit, credit u128, cost int64) (Decision, u128) {
 		need := mul64(uint64(cost), nano)
 		if credit.less(need) {
 			d.Allowed = false
-			d.RetryAfter = need.sub(credit).divCeil(rate).int64()
+			d.RetryAfter = need.sub(credit).divCeil(rate).add(from64(lag)).int64()
 		} else {
 			after = credit.sub(need)
 		}
 	}
 	q, _ := after.divmodNano()
 	d.Remaining = q.int64()
-	d.ResetAfter = full.sub(after).divCeil(rate).int64()
+	if debt := full.sub(after); debt.hi != 0 || debt.lo != 0 {
+		d.ResetAfter = debt.divCeil(rate).add(from64(lag)).int64()
+	}
 	return d, after
 }
 
@@ -73,7 +77,7 @@ func tbState(credit u128, last int64) State {
 
 func decideTokenBucket(l Limit, s State, now, cost int64) (Decision, State) {
 	credit, last := tbCredit(l, s, now)
-	d, after := bucketDecide(l, credit, cost)
+	d, after := bucketDecide(l, credit, cost, span(now, last))
 	if !d.Allowed || cost <= 0 {
 		return d, s
 	}
@@ -89,6 +93,9 @@ func gcraCredit(l Limit, s State, now int64) (u128, int64) {
 		return full, now
 	}
 	eff := max(now, s.Last)
+	if s.TAT == maxInt64 {
+		return u128{}, eff // saturated: treated as empty, never as credit
+	}
 	if s.TAT < eff {
 		return full, eff
 	}
@@ -103,7 +110,9 @@ func gcraCredit(l Limit, s State, now int64) (u128, int64) {
 // gcraState returns the gcra state whose credit at eff is credit: the
 // theoretical arrival time is eff + (full-credit)/Rate exactly. A TAT beyond
 // the int64 range (possible only for limits Validate rejects, or after the
-// year 2116 with the longest accepted span) saturates.
+// year 2116 with the longest accepted span) saturates at math.MaxInt64,
+// which gcraCredit reads as an empty bucket: saturation can deny, never
+// admit more than the exact model.
 func gcraState(l Limit, credit u128, eff int64) State {
 	rate := uint64(l.Rate)
 	q, r := bucketFull(l).sub(credit).divmod(rate)
@@ -119,7 +128,7 @@ func gcraState(l Limit, credit u128, eff int64) State {
 
 func decideGCRA(l Limit, s State, now, cost int64) (Decision, State) {
 	credit, eff := gcraCredit(l, s, now)
-	d, after := bucketDecide(l, credit, cost)
+	d, after := bucketDecide(l, credit, cost, span(now, eff))
 	if !d.Allowed || cost <= 0 {
 		return d, s
 	}

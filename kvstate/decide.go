@@ -47,7 +47,9 @@ func Decide(l Limit, s State, now, cost int64) (Decision, State) {
 // states[i] belongs to limits[i]; a states slice shorter than limits means
 // "never seen" (the zero State) for the missing ones. The new states are
 // appended to dst[:0]: pass a reused slice to avoid allocating (one
-// token_bucket or gcra limit then decides with no allocation).
+// token_bucket or gcra limit then decides with no allocation). dst may be
+// states itself (states[:0]); any other overlap of dst and states is not
+// supported.
 //
 // The merged Decision: Allowed is true iff every limit admits (and true for
 // no limits); Remaining is the least Remaining, unspent when denied;
@@ -55,6 +57,9 @@ func Decide(l Limit, s State, now, cost int64) (Decision, State) {
 // denying limits, or [Never] if any of them is Never. DecideAll never
 // mutates limits or states.
 func DecideAll(limits []Limit, states []State, now, cost int64, dst []State) (Decision, []State) {
+	if len(states) > 0 && cap(dst) > 0 && &dst[:1][0] == &states[0] {
+		dst = nil // deciding in place: keep the inputs for a denial
+	}
 	dst = dst[:0]
 	out := Decision{Allowed: true}
 	for i, l := range limits {

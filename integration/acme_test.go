@@ -1,0 +1,67 @@
+package integration
+
+import (
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/limitmesh/limitmesh/mesh"
+	"github.com/nats-io/nats.go"
+)
+
+// TestAcmeBurst: 80 simultaneous requests over six connections admit
+// exactly 40 (the burst), and every denial says when to retry: within one
+// token's refill time (100 ms at 10/s).
+func TestAcmeBurst(t *testing.T) {
+	e := server(t, t.TempDir())
+	tn := startNode(t, e, mesh.NodeConfig{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	rev := putPolicy(t, tn.nc, "rl_policies", "acme-search", acmePolicy)
+	waitFor(t, "policy applied", func() bool {
+		return decide(t, tn.nc, "rl.v1.decide", req(map[string]string{"tenant": "acme", "operation": "search", "plan": "probe"}, `"dry_run":true`)).Revision == rev
+	})
+
+	conns := make([]*nats.Conn, 6)
+	for i := range conns {
+		conns[i] = connect(t, e)
+	}
+	const n = 80
+	replies := make([]reply, n)
+	var start, wg sync.WaitGroup
+	start.Add(1)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start.Wait()
+			replies[i] = decide(t, conns[i%6], "rl.v1.decide", req(acmeDesc, ""))
+		}()
+	}
+	start.Done()
+	wg.Wait()
+	admitted := 0
+	for _, r := range replies {
+		if r.Code != "" {
+			t.Fatalf("error reply: %+v", r)
+		}
+		if r.Policy != "acme-search" || r.Revision != rev {
+			t.Fatalf("reply not attributed to acme-search@%d: %+v", rev, r)
+		}
+		if r.Allowed {
+			admitted++
+			continue
+		}
+		if r.RetryAfterMs <= 0 || r.RetryAfterMs > 100 {
+			t.Errorf("denial retry_after_ms = %d, want in (0,100]", r.RetryAfterMs)
+		}
+	}
+	if admitted != 40 {
+		t.Fatalf("admitted %d of %d, want exactly 40", admitted, n)
+	}
+	if v := metricValue(t, tn, `limitmesh_decisions_total{policy="acme-search",result="allowed"}`); v != 40 {
+		t.Errorf("allowed metric = %v, want 40", v)
+	}
+	if v := metricValue(t, tn, `limitmesh_decisions_total{policy="acme-search",result="denied"}`); v != 40 {
+		t.Errorf("denied metric = %v, want 40", v)
+	}
+}

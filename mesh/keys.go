@@ -1,0 +1,193 @@
+package mesh
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// keyEntry is one limit key held in memory: its owner core and whether a
+// runner goroutine is driving it.
+type keyEntry struct {
+	mu       sync.Mutex
+	o        *owner
+	running  bool
+	lastUsed int64 // ns
+}
+
+// keyTable maps limit keys to their entries. Idle entries are swept; a
+// swept key is reloaded from the store on its next request.
+type keyTable struct {
+	mu sync.Mutex
+	m  map[string]*keyEntry
+}
+
+func newKeyTable() *keyTable { return &keyTable{m: make(map[string]*keyEntry)} }
+
+func (t *keyTable) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
+}
+
+// sweep drops entries idle for longer than idle, every idle/2, until ctx
+// ends.
+func (t *keyTable) sweep(ctx context.Context, clock func() time.Time, idle time.Duration) {
+	tk := time.NewTicker(idle / 2)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+		}
+		cutoff := clock().Add(-idle).UnixNano()
+		t.mu.Lock()
+		for k, e := range t.m {
+			e.mu.Lock()
+			if !e.running && e.o.idle() && e.lastUsed < cutoff {
+				delete(t.m, k)
+			}
+			e.mu.Unlock()
+		}
+		t.mu.Unlock()
+	}
+}
+
+// submit hands c to key's owner and starts a runner if none is active.
+func (n *Node) submit(key string, c *call, now int64) {
+	t := n.keys
+	t.mu.Lock()
+	e := t.m[key]
+	if e == nil {
+		e = &keyEntry{o: newOwner(n.policies, n.cfg.MaxConflicts)}
+		t.m[key] = e
+	}
+	e.mu.Lock()
+	t.mu.Unlock()
+	e.o.submit(c)
+	e.lastUsed = now
+	start := !e.running
+	e.running = true
+	e.mu.Unlock()
+	if start {
+		go n.runKey(key, e)
+	}
+}
+
+// runKey drives one key's owner core until it has nothing to do: it does
+// the store I/O the core asks for and sends the replies it releases.
+func (n *Node) runKey(key string, e *keyEntry) {
+	defer func() {
+		if v := recover(); v != nil {
+			n.recoverKey(key, e, v)
+		}
+	}()
+	for {
+		e.mu.Lock()
+		now := n.clock().UnixNano()
+		a := e.o.next(now)
+		if a.kind == actNone {
+			e.running = false
+			e.lastUsed = now
+		}
+		e.mu.Unlock()
+		for _, c := range a.finished {
+			c.done(c)
+		}
+		switch a.kind {
+		case actNone:
+			return
+		case actLoad:
+			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.DecisionTimeout)
+			t0 := time.Now()
+			val, rev, err := n.store.Get(ctx, key)
+			n.observeOp("get", t0, err)
+			if err == nil {
+				n.ensureVersion(ctx, val)
+			}
+			cancel()
+			e.mu.Lock()
+			before := e.o.corrupt
+			e.o.loadedResult(val, rev, err)
+			corrupt := e.o.corrupt - before
+			e.mu.Unlock()
+			if corrupt > 0 {
+				n.metrics.corruptRecords.Inc()
+				n.log.Warn("corrupt state record replaced", "key", key)
+			}
+		case actWrite:
+			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.DecisionTimeout)
+			t0 := time.Now()
+			rev, err := n.store.Update(ctx, key, a.value, a.rev)
+			n.observeOp("update", t0, err)
+			cancel()
+			e.mu.Lock()
+			batch := len(e.o.inflight)
+			conflict := e.o.written(rev, err)
+			retried := len(e.o.queue)
+			e.mu.Unlock()
+			n.metrics.batchSize.Observe(float64(batch))
+			if conflict {
+				n.metrics.casConflicts.Inc()
+				n.metrics.casRetries.Add(float64(min(batch, retried)))
+			} else if err != nil {
+				n.log.Warn("state write failed", "key", key, "error", err.Error())
+			}
+		}
+	}
+}
+
+func (n *Node) observeOp(op string, t0 time.Time, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	n.metrics.stateOps.WithLabelValues(op, outcome).Observe(time.Since(t0).Seconds())
+}
+
+// ensureVersion makes sure the policy version a loaded record was written
+// under is in the version cache (reading the policy bucket's history if
+// needed), so the core can apply the §28 transition from it.
+func (n *Node) ensureVersion(ctx context.Context, val []byte) {
+	name, rev, ok := n.policies.peek(val)
+	if !ok {
+		return
+	}
+	if err := n.watcher.fetchVersion(ctx, name, rev); err != nil {
+		n.log.Info("old policy version unavailable; keeping state by position", "policy", name, "revision", rev, "error", err.Error())
+	}
+}
+
+// peek returns the policy version of a stored record when it is neither
+// current nor cached.
+func (s *policySet) peek(val []byte) (string, uint64, bool) {
+	name, rev, ok := peekRecordPolicy(val)
+	if !ok || name == "" {
+		return "", 0, false
+	}
+	if cur := s.current(name); cur != nil && cur.Revision == rev {
+		return "", 0, false
+	}
+	if _, _, ok := s.version(name, rev); ok {
+		return "", 0, false
+	}
+	return name, rev, true
+}
+
+// recoverKey answers every call of a key whose runner panicked with a 500
+// and resets the key (it reloads from the store on the next request).
+func (n *Node) recoverKey(key string, e *keyEntry, v any) {
+	n.log.Error("panic deciding a key", "key", key, "panic", fmt.Sprint(v))
+	e.mu.Lock()
+	o := e.o
+	calls := append(append(append([]*call(nil), o.finished...), o.inflight...), o.queue...)
+	e.o = newOwner(n.policies, n.cfg.MaxConflicts)
+	e.running = false
+	e.mu.Unlock()
+	for _, c := range calls {
+		c.err = fmt.Errorf("%w: internal error", errInternal)
+		c.done(c)
+	}
+}

@@ -1,0 +1,86 @@
+package mesh
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the node's Prometheus collectors. Labels are policy names
+// (operator-controlled, bounded) and fixed words; never descriptor values.
+type metrics struct {
+	decisions        *prometheus.CounterVec   // policy, result
+	duration         prometheus.Histogram     // seconds
+	casConflicts     prometheus.Counter       // writes that lost a CAS
+	casRetries       prometheus.Counter       // re-decisions after a conflict
+	policyRejections *prometheus.CounterVec   // policy
+	policyRevision   *prometheus.GaugeVec     // policy
+	errors           *prometheus.CounterVec   // code
+	deduped          prometheus.Counter       // replies from a remembered request_id
+	batchSize        prometheus.Histogram     // calls per state write
+	corruptRecords   prometheus.Counter       // stored records that could not be decoded
+	cachedKeys       prometheus.GaugeFunc     // keys held in memory
+	stateOps         *prometheus.HistogramVec // op: get, update
+}
+
+func newMetrics(reg prometheus.Registerer, cachedKeys func() float64) (*metrics, error) {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitmesh_decisions_total",
+			Help: "Decisions by policy and result (allowed, denied, shadow_denied, error); dry runs are not counted.",
+		}, []string{"policy", "result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "limitmesh_decision_duration_seconds",
+			Help:    "Time from receiving a decide request to sending its reply.",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}),
+		casConflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitmesh_cas_conflicts_total",
+			Help: "State writes that lost a compare-and-swap (another writer got there first).",
+		}),
+		casRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitmesh_cas_retries_total",
+			Help: "Decisions decided again after a lost compare-and-swap.",
+		}),
+		policyRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitmesh_policy_rejections_total",
+			Help: "Policy values rejected as invalid (policy=\"invalid_name\" when the key itself is not a valid name).",
+		}, []string{"policy"}),
+		policyRevision: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limitmesh_policy_revision",
+			Help: "KV revision of the policy version in force.",
+		}, []string{"policy"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitmesh_decide_errors_total",
+			Help: "Decide requests answered with an error, by code (400, 413, 500, 503).",
+		}, []string{"code"}),
+		deduped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitmesh_dedupe_hits_total",
+			Help: "Decide requests answered with the remembered decision of their request_id.",
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "limitmesh_write_batch_size",
+			Help:    "Decisions carried by one state write (group commit).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}),
+		corruptRecords: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitmesh_corrupt_records_total",
+			Help: "Stored key records that could not be decoded (the key started fresh).",
+		}),
+		cachedKeys: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "limitmesh_cached_keys",
+			Help: "Limit keys whose state this node holds in memory.",
+		}, cachedKeys),
+		stateOps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "limitmesh_state_op_duration_seconds",
+			Help:    "Latency of state store operations by op (get, update) and outcome.",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5},
+		}, []string{"op", "outcome"}),
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.casConflicts, m.casRetries,
+		m.policyRejections, m.policyRevision, m.errors, m.deduped, m.batchSize, m.corruptRecords,
+		m.cachedKeys, m.stateOps} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,334 @@
+// Package mesh is the limitmesh node: the decide endpoint as a NATS micro
+// service, limiter state in JetStream KV written with compare-and-swap,
+// live policies from a watched KV bucket, metrics and health over HTTP, and
+// an embedded nats-server for single-binary deployments.
+//
+// A node is correct when several nodes serve the same keys at once: every
+// state change is a compare-and-swap on the key's KV revision, and a lost
+// race is reloaded and decided again. The per-key logic is a pure core
+// (owner.go) driven by a thin goroutine (keys.go).
+//
+// mesh imports kvstate and policies; it must not import cmd or integration.
+package mesh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Version is the version the micro service reports.
+const Version = "0.2.0"
+
+// ServiceName and QueueGroup are the micro service's name and queue group
+// (CONTRACT.md §1).
+const (
+	ServiceName = "limitmesh"
+	QueueGroup  = "limitmesh"
+)
+
+// Defaults for NodeConfig.
+const (
+	DefaultPrefix          = "rl"
+	DefaultDecisionTimeout = 500 * time.Millisecond
+	DefaultStateTTL        = time.Hour
+	// DefaultMaxConflicts bounds the lost compare-and-swap writes one
+	// decision may go through before it fails with 503.
+	DefaultMaxConflicts = 8
+	// policyHistory is the history of a policy bucket the node creates.
+	policyHistory = 16
+)
+
+// NodeConfig configures a node. The zero value is usable (defaults noted).
+type NodeConfig struct {
+	Prefix          string        // subject and bucket prefix; default "rl"
+	DecisionTimeout time.Duration // deadline of one decision; default 500ms
+	Replicas        int           // replicas of buckets the node creates; default 1
+	StateTTL        time.Duration // idle expiry of limiter state (bucket TTL); default 1h
+	Logger          *slog.Logger  // nil: discard
+	Registry        *prometheus.Registry
+	Clock           func() time.Time // nil: time.Now
+	// MaxConflicts bounds lost CAS writes per decision; default 8.
+	MaxConflicts int
+}
+
+var prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
+
+// Node is one limitmesh node. Start it once; Stop drains it. Its methods
+// are safe for concurrent use.
+type Node struct {
+	nc      *nats.Conn
+	cfg     NodeConfig
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	metrics *metrics
+	clock   func() time.Time
+
+	policies *policySet
+	watcher  *policyWatcher
+	store    kvstate.Store
+	keys     *keyTable
+
+	ready    atomic.Bool
+	stopping atomic.Bool
+	inflight atomic.Int64
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	svc     micro.Service
+	cancel  context.CancelFunc
+	bg      sync.WaitGroup
+}
+
+// NewNode returns a node on nc; it does nothing until Start.
+func NewNode(nc *nats.Conn, cfg NodeConfig) (*Node, error) {
+	if nc == nil {
+		return nil, fmt.Errorf("%w: nil connection", ErrConfig)
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if !prefixRE.MatchString(cfg.Prefix) {
+		return nil, fmt.Errorf("%w: prefix %q must match %s", ErrConfig, cfg.Prefix, prefixRE)
+	}
+	if cfg.DecisionTimeout <= 0 {
+		cfg.DecisionTimeout = DefaultDecisionTimeout
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.StateTTL <= 0 {
+		cfg.StateTTL = DefaultStateTTL
+	}
+	if cfg.MaxConflicts <= 0 {
+		cfg.MaxConflicts = DefaultMaxConflicts
+	}
+	n := &Node{nc: nc, cfg: cfg, log: cfg.Logger, reg: cfg.Registry, clock: cfg.Clock}
+	if n.log == nil {
+		n.log = slog.New(slog.DiscardHandler)
+	}
+	if n.reg == nil {
+		n.reg = prometheus.NewRegistry()
+	}
+	if n.clock == nil {
+		n.clock = time.Now
+	}
+	n.policies = newPolicySet()
+	n.keys = newKeyTable()
+	m, err := newMetrics(n.reg, func() float64 { return float64(n.keys.len()) })
+	if err != nil {
+		return nil, fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
+	}
+	n.metrics = m
+	return n, nil
+}
+
+// PolicyBucket, StateBucket and DecideSubject are the names the node uses.
+func (n *Node) PolicyBucket() string  { return n.cfg.Prefix + "_policies" }
+func (n *Node) StateBucket() string   { return n.cfg.Prefix + "_state" }
+func (n *Node) DecideSubject() string { return n.cfg.Prefix + ".v1.decide" }
+
+// Start creates missing buckets, applies the current policies, starts the
+// policy watch and the decide service, and returns once the node serves.
+// ctx bounds the start; the node keeps running after it returns.
+func (n *Node) Start(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stopped {
+		return ErrStopped
+	}
+	if n.started {
+		return fmt.Errorf("%w: already started", ErrConfig)
+	}
+	js, err := jetstream.New(n.nc)
+	if err != nil {
+		return fmt.Errorf("mesh: jetstream: %w", err)
+	}
+	pkv, err := n.ensureBucket(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      n.PolicyBucket(),
+		Description: "limitmesh policies",
+		History:     policyHistory,
+		Storage:     jetstream.FileStorage,
+		Replicas:    n.cfg.Replicas,
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := n.ensureBucket(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      n.StateBucket(),
+		Description: "limitmesh limiter state",
+		History:     1,
+		TTL:         n.cfg.StateTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    n.cfg.Replicas,
+	}); err != nil {
+		return err
+	}
+	store, err := kvstate.NewJetStreamStore(ctx, js, n.StateBucket())
+	if err != nil {
+		return err
+	}
+	n.store = store
+
+	bgctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	n.watcher = &policyWatcher{kv: pkv, set: n.policies, log: n.log, metrics: n.metrics}
+	w, err := pkv.WatchAll(bgctx)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("mesh: watching %s: %w", n.PolicyBucket(), err)
+	}
+	ready := make(chan struct{})
+	n.bg.Add(2)
+	go func() { defer n.bg.Done(); n.watcher.run(bgctx, w, ready) }()
+	go func() { defer n.bg.Done(); n.keys.sweep(bgctx, n.clock, time.Minute) }()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		cancel()
+		n.bg.Wait()
+		return fmt.Errorf("mesh: waiting for the initial policies: %w", ctx.Err())
+	}
+
+	svc, err := micro.AddService(n.nc, micro.Config{
+		Name:        ServiceName,
+		Version:     Version,
+		Description: "limitmesh rate-limit decisions",
+		QueueGroup:  QueueGroup,
+	})
+	if err != nil {
+		cancel()
+		n.bg.Wait()
+		return fmt.Errorf("mesh: adding micro service: %w", err)
+	}
+	if err := svc.AddEndpoint("decide", micro.HandlerFunc(n.handleDecide),
+		micro.WithEndpointSubject(n.DecideSubject()),
+		micro.WithEndpointQueueGroup(QueueGroup),
+		micro.WithEndpointPendingLimits(-1, -1)); err != nil {
+		_ = svc.Stop()
+		cancel()
+		n.bg.Wait()
+		return fmt.Errorf("mesh: adding decide endpoint: %w", err)
+	}
+	if err := n.nc.FlushWithContext(ctx); err != nil {
+		_ = svc.Stop()
+		cancel()
+		n.bg.Wait()
+		return fmt.Errorf("mesh: flushing subscriptions: %w", err)
+	}
+	n.svc = svc
+	n.started = true
+	n.ready.Store(true)
+	n.log.Info("node serving", "subject", n.DecideSubject(), "policies", n.policies.snap.Load().Len())
+	return nil
+}
+
+// ensureBucket binds to the bucket if it exists (as it is: never updated or
+// narrowed) and creates it otherwise.
+func (n *Node) ensureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if err == nil {
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("mesh: binding bucket %s: %w", cfg.Bucket, err)
+	}
+	kv, err = js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		// Another node created it between our look-up and create.
+		kv, err = js.KeyValue(ctx, cfg.Bucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("mesh: creating bucket %s: %w", cfg.Bucket, err)
+	}
+	n.log.Info("bucket created", "bucket", cfg.Bucket, "replicas", cfg.Replicas)
+	return kv, nil
+}
+
+// Ready reports whether the node serves decisions (false before Start
+// returns and from the start of Stop).
+func (n *Node) Ready() bool { return n.ready.Load() }
+
+// Stop makes /readyz fail, stops taking requests (the service's
+// subscription is drained), waits for in-flight decisions to be answered
+// (bounded by ctx) and stops the background work. It is safe to call more
+// than once and after a failed Start.
+func (n *Node) Stop(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stopped {
+		return nil
+	}
+	n.stopped = true
+	n.ready.Store(false)
+	n.stopping.Store(true)
+	var err error
+	if n.svc != nil {
+		err = n.svc.Stop()
+		// Drain: the subscription delivers what it already holds, so wait
+		// until no request has been in flight for a quiet period (the
+		// micro service does not expose the drain's completion), bounded
+		// by ctx.
+		t := time.NewTicker(2 * time.Millisecond)
+		defer t.Stop()
+		quiet := 0
+	wait:
+		for {
+			if n.inflight.Load() == 0 {
+				quiet++
+			} else {
+				quiet = 0
+			}
+			if quiet >= 10 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				err = errors.Join(err, fmt.Errorf("mesh: stop: %d decisions still in flight: %w", n.inflight.Load(), ctx.Err()))
+				break wait
+			case <-t.C:
+			}
+		}
+	}
+	if n.cancel != nil {
+		n.cancel()
+	}
+	n.bg.Wait()
+	return err
+}
+
+// HTTPHandler serves GET /metrics (Prometheus), /healthz (200 while the
+// process runs) and /readyz (200 once the node serves, 503 before and
+// while it drains).
+func (n *Node) HTTPHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(n.reg, promhttp.HandlerOpts{Registry: n.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !n.Ready() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("not ready\n"))
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	return mux
+}

@@ -1,0 +1,177 @@
+package mesh
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/policies"
+)
+
+// MaxRequestBytes is the largest decide request body (CONTRACT.md §2); a
+// larger one is a 413, checked before parsing.
+const MaxRequestBytes = 4096
+
+// MaxRequestIDBytes is the longest request_id.
+const MaxRequestIDBytes = 128
+
+// request is a decoded, validated decide request.
+type request struct {
+	desc   policies.Descriptor
+	cost   int64 // micro-units, > 0
+	id     string
+	dryRun bool
+}
+
+// wireRequest is the JSON shape of a decide request; unknown fields are
+// ignored.
+type wireRequest struct {
+	Descriptor map[string]string `json:"descriptor"`
+	Cost       json.RawMessage   `json:"cost"`
+	RequestID  *string           `json:"request_id"`
+	DryRun     *bool             `json:"dry_run"`
+}
+
+// decodeRequest validates and decodes a decide request body. Errors wrap
+// ErrTooLarge (over MaxRequestBytes) or ErrBadRequest, with a message fit
+// for the client. It never panics.
+func decodeRequest(b []byte) (request, error) {
+	var r request
+	if len(b) > MaxRequestBytes {
+		return r, fmt.Errorf("%w: body is %d bytes, at most %d", ErrTooLarge, len(b), MaxRequestBytes)
+	}
+	var w wireRequest
+	if err := json.Unmarshal(b, &w); err != nil {
+		return r, fmt.Errorf("%w: malformed JSON: %v", ErrBadRequest, err)
+	}
+	if w.Descriptor == nil {
+		return r, fmt.Errorf("%w: descriptor: required", ErrBadRequest)
+	}
+	dims := make([]policies.Dim, 0, len(w.Descriptor))
+	for k, v := range w.Descriptor {
+		dims = append(dims, policies.Dim{Name: k, Value: v})
+	}
+	sort.Slice(dims, func(i, j int) bool { return dims[i].Name < dims[j].Name })
+	d, err := policies.NewDescriptor(dims)
+	if err != nil {
+		return r, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	r.desc = d
+	r.cost = kvstate.Unit
+	if c := bytes.TrimSpace(w.Cost); len(c) > 0 && !bytes.Equal(c, []byte("null")) {
+		text := string(c)
+		if c[0] == '"' {
+			var s string
+			if err := json.Unmarshal(c, &s); err != nil {
+				return r, fmt.Errorf("%w: cost: %v", ErrBadRequest, err)
+			}
+			text = s
+		} else if c[0] < '0' || c[0] > '9' {
+			if c[0] != '-' {
+				return r, fmt.Errorf("%w: cost: must be a number or a decimal string", ErrBadRequest)
+			}
+		}
+		cost, err := policies.ParseCost(text)
+		if err != nil {
+			return r, fmt.Errorf("%w: cost: %v", ErrBadRequest, err)
+		}
+		r.cost = cost
+	}
+	if w.RequestID != nil {
+		if len(*w.RequestID) > MaxRequestIDBytes {
+			return r, fmt.Errorf("%w: request_id: %d bytes, at most %d", ErrBadRequest, len(*w.RequestID), MaxRequestIDBytes)
+		}
+		r.id = *w.RequestID
+	}
+	if w.DryRun != nil {
+		r.dryRun = *w.DryRun
+	}
+	return r, nil
+}
+
+// idHash is the stored form of a request_id: the first 16 bytes of its
+// SHA-256, so stored records never hold client text and have fixed-size
+// entries.
+func idHash(id string) [16]byte {
+	s := sha256.Sum256([]byte(id))
+	var h [16]byte
+	copy(h[:], s[:16])
+	return h
+}
+
+// decision is the outcome a decide reply carries. Quantities in
+// micro-units, durations in ns.
+type decision struct {
+	Allowed      bool
+	ShadowDenied bool
+	Policy       string
+	Revision     uint64
+	Remaining    int64 // micro-units
+	RetryAfter   int64 // ns; kvstate.Never when it never can
+	ResetAfter   int64 // ns
+}
+
+// appendReply appends the JSON reply body for d (CONTRACT.md §2).
+func appendReply(b []byte, d decision) []byte {
+	b = append(b, `{"allowed":`...)
+	b = strconv.AppendBool(b, d.Allowed)
+	b = append(b, `,"policy":`...)
+	b = strconv.AppendQuote(b, d.Policy)
+	b = append(b, `,"revision":`...)
+	b = strconv.AppendUint(b, d.Revision, 10)
+	b = append(b, `,"remaining":`...)
+	b = appendMicro(b, max(d.Remaining, 0))
+	b = append(b, `,"retry_after_ms":`...)
+	b = strconv.AppendInt(b, durationMillis(d.RetryAfter), 10)
+	b = append(b, `,"reset_after_ms":`...)
+	b = strconv.AppendInt(b, durationMillis(d.ResetAfter), 10)
+	if d.ShadowDenied {
+		b = append(b, `,"shadow_denied":true`...)
+	}
+	return append(b, '}')
+}
+
+// durationMillis converts ns to ms rounded up; Never stays -1 and negative
+// values are 0.
+func durationMillis(ns int64) int64 {
+	if ns == kvstate.Never {
+		return -1
+	}
+	if ns <= 0 {
+		return 0
+	}
+	return ns/1_000_000 + min(ns%1_000_000, 1)
+}
+
+// appendMicro appends v micro-units as a JSON decimal number (v >= 0).
+func appendMicro(b []byte, v int64) []byte {
+	b = strconv.AppendInt(b, v/kvstate.Unit, 10)
+	f := v % kvstate.Unit
+	if f == 0 {
+		return b
+	}
+	var digits [6]byte
+	for i := 5; i >= 0; i-- {
+		digits[i] = byte('0' + f%10)
+		f /= 10
+	}
+	n := 6
+	for n > 0 && digits[n-1] == '0' {
+		n--
+	}
+	b = append(b, '.')
+	return append(b, digits[:n]...)
+}
+
+// errorBody is the JSON body of an error reply.
+func errorBody(symbol, message string) []byte {
+	b, _ := json.Marshal(struct {
+		Error   string `json:"error"`
+		Message string `json:"message"`
+	}{symbol, message})
+	return b
+}

@@ -1,0 +1,72 @@
+package policies
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// MarshalJSON writes p as a canonical policy document that [Parse] reads
+// back to an equal Policy (Revision aside, which is not part of the
+// document): match sorted by name, key always explicit, every limit named,
+// rates as "N/s" with N the exact micro-unit rate, burst and limit as JSON
+// numbers with at most 6 fractional digits, windows as Go durations, and
+// mode, shadow and description always present. p is assumed valid.
+func (p *Policy) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 0, 256)
+	b = append(b, `{"match":{`...)
+	for i, d := range p.Match {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, d.Name)
+		b = append(b, ':')
+		b = appendJSONString(b, d.Value)
+	}
+	b = append(b, `},"key":[`...)
+	for i, k := range p.Key {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, k)
+	}
+	b = append(b, `],"limits":[`...)
+	for i, l := range p.Limits {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"name":`...)
+		b = appendJSONString(b, l.Name)
+		b = append(b, `,"algorithm":`...)
+		b = appendJSONString(b, l.Algorithm.String())
+		switch {
+		case l.Algorithm.Bucket():
+			b = append(b, `,"rate":"`...)
+			b = appendMicro(b, l.Rate)
+			b = append(b, `/s","burst":`...)
+			b = appendMicro(b, l.Burst)
+		case l.Algorithm != 0:
+			b = append(b, `,"limit":`...)
+			b = appendMicro(b, l.Limit.Limit)
+			b = append(b, `,"window":"`...)
+			b = append(b, time.Duration(l.Window).String()...)
+			b = append(b, '"')
+		}
+		b = append(b, '}')
+	}
+	b = append(b, `],"mode":"`...)
+	b = append(b, p.Mode.String()...)
+	b = append(b, `","shadow":`...)
+	if p.Shadow {
+		b = append(b, "true"...)
+	} else {
+		b = append(b, "false"...)
+	}
+	b = append(b, `,"description":`...)
+	b = appendJSONString(b, p.Description)
+	return append(b, '}'), nil
+}
+
+func appendJSONString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always marshals
+	return append(b, q...)
+}

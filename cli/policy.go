@@ -1,0 +1,326 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/limitmesh/limitmesh/mesh"
+	"github.com/limitmesh/limitmesh/policies"
+)
+
+func runPolicy(ctx context.Context, args []string, s stdio) error {
+	sub := map[string]func(context.Context, []string, stdio) error{
+		"put":      policyPut,
+		"get":      policyGet,
+		"list":     policyList,
+		"validate": policyValidate,
+		"history":  policyHistory,
+		"rollback": policyRollback,
+	}
+	if len(args) == 0 || sub[args[0]] == nil {
+		fmt.Fprintln(s.err, "usage: limitmesh policy put NAME FILE|-")
+		fmt.Fprintln(s.err, "       limitmesh policy get NAME [--revision N]")
+		fmt.Fprintln(s.err, "       limitmesh policy list")
+		fmt.Fprintln(s.err, "       limitmesh policy validate FILE [--name NAME]")
+		fmt.Fprintln(s.err, "       limitmesh policy history NAME")
+		fmt.Fprintln(s.err, "       limitmesh policy rollback NAME")
+		return errUsage
+	}
+	return sub[args[0]](ctx, args[1:], s)
+}
+
+// policyBucket opens the policy bucket of a running installation.
+func policyBucket(ctx context.Context, cf *clientFlags) (jetstream.KeyValue, func(), error) {
+	nc, err := cf.connect()
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	name := cf.prefix + "_policies"
+	kv, err := js.KeyValue(ctx, name)
+	if err != nil {
+		nc.Close()
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, nil, fmt.Errorf("bucket %s does not exist: start a node first (limitmesh serve)", name)
+		}
+		return nil, nil, fmt.Errorf("open bucket %s: %v", name, err)
+	}
+	return kv, nc.Close, nil
+}
+
+// withBucket parses the client flags of a policy subcommand, checks that it got
+// exactly nargs positional arguments and runs fn with the open bucket.
+func withBucket(ctx context.Context, name string, args []string, nargs int, s stdio,
+	extra func(fsAdder), fn func(ctx context.Context, kv jetstream.KeyValue, args []string) error) error {
+	var cf clientFlags
+	fs := newFlags("policy "+name, s)
+	cf.register(fs)
+	if extra != nil {
+		extra(fs)
+	}
+	if err := parseFlags(fs, interspersed(args), s); err != nil {
+		return err
+	}
+	if fs.NArg() != nargs {
+		fmt.Fprintf(s.err, "limitmesh policy %s: want %d argument(s), got %d\n", name, nargs, fs.NArg())
+		return errUsage
+	}
+	ctx, cancel := context.WithTimeout(ctx, cf.timeout)
+	defer cancel()
+	kv, closeFn, err := policyBucket(ctx, &cf)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	return fn(ctx, kv, fs.Args())
+}
+
+// fsAdder is the part of flag.FlagSet that subcommands add flags with.
+type fsAdder interface {
+	Uint64Var(*uint64, string, uint64, string)
+	BoolVar(*bool, string, bool, string)
+	StringVar(*string, string, string, string)
+}
+
+// interspersed moves flags after positional arguments to the front, so that
+// `policy get NAME --revision 3` works like `policy get --revision 3 NAME`.
+func interspersed(args []string) []string {
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			pos = append(pos, args[i+1:]...)
+			i = len(args)
+		case strings.HasPrefix(a, "-") && a != "-":
+			flags = append(flags, a)
+			if !strings.Contains(a, "=") && i+1 < len(args) && !isBoolFlag(a) {
+				flags = append(flags, args[i+1])
+				i++
+			}
+		default:
+			pos = append(pos, a)
+		}
+	}
+	return append(flags, pos...)
+}
+
+func isBoolFlag(a string) bool {
+	switch strings.TrimLeft(a, "-") {
+	case "force", "h", "help":
+		return true
+	}
+	return false
+}
+
+func readDoc(path string, in io.Reader) ([]byte, error) {
+	if path == "-" {
+		return io.ReadAll(io.LimitReader(in, 1<<20))
+	}
+	return os.ReadFile(path)
+}
+
+func policyPut(ctx context.Context, args []string, s stdio) error {
+	var force bool
+	return withBucket(ctx, "put", args, 2, s, func(fs fsAdder) {
+		fs.BoolVar(&force, "force", false, "put even if this command's validation rejects the policy")
+	}, func(ctx context.Context, kv jetstream.KeyValue, args []string) error {
+		name := args[0]
+		doc, err := readDoc(args[1], s.in)
+		if err != nil {
+			return err
+		}
+		if _, err := mesh.ParsePolicy(name, doc); err != nil && !force {
+			return fmt.Errorf("not put: %v", err)
+		}
+		rev, err := kv.Put(ctx, name, doc)
+		if err != nil {
+			return fmt.Errorf("put %s: %v", name, err)
+		}
+		fmt.Fprintf(s.out, "put %s at revision %d\n", name, rev)
+		return nil
+	})
+}
+
+func policyGet(ctx context.Context, args []string, s stdio) error {
+	var revision uint64
+	return withBucket(ctx, "get", args, 1, s, func(fs fsAdder) {
+		fs.Uint64Var(&revision, "revision", 0, "a past revision instead of the current one")
+	}, func(ctx context.Context, kv jetstream.KeyValue, args []string) error {
+		var (
+			e   jetstream.KeyValueEntry
+			err error
+		)
+		if revision > 0 {
+			e, err = kv.GetRevision(ctx, args[0], revision)
+		} else {
+			e, err = kv.Get(ctx, args[0])
+		}
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("no policy %q", args[0])
+		} else if err != nil {
+			return err
+		}
+		fmt.Fprintf(s.err, "# %s revision %d, %s\n", e.Key(), e.Revision(), e.Created().UTC().Format(time.RFC3339))
+		fmt.Fprintln(s.out, strings.TrimSpace(string(e.Value())))
+		return nil
+	})
+}
+
+func policyList(ctx context.Context, args []string, s stdio) error {
+	return withBucket(ctx, "list", args, 0, s, nil, func(ctx context.Context, kv jetstream.KeyValue, _ []string) error {
+		lister, err := kv.ListKeys(ctx)
+		if err != nil {
+			return err
+		}
+		var names []string
+		for k := range lister.Keys() {
+			names = append(names, k)
+		}
+		tw := tabwriter.NewWriter(s.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tREVISION\tSTATUS\tMODE\tLIMITS\tDESCRIPTION")
+		for _, n := range names {
+			e, err := kv.Get(ctx, n)
+			if err != nil {
+				continue // deleted meanwhile
+			}
+			p, err := mesh.ParsePolicy(n, e.Value())
+			if err != nil {
+				fmt.Fprintf(tw, "%s\t%d\tinvalid\t-\t-\t%s\n", n, e.Revision(), oneLine(err.Error(), 60))
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%d\tvalid\t%s\t%s\t%s\n", n, e.Revision(), p.Mode, limitsSummary(p), oneLine(p.Description, 40))
+		}
+		return tw.Flush()
+	})
+}
+
+func policyValidate(_ context.Context, args []string, s stdio) error {
+	var name string
+	fs := newFlags("policy validate", s)
+	fs.StringVar(&name, "name", "", "policy name (default: the file name without its extension)")
+	if err := parseFlags(fs, interspersed(args), s); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(s.err, "usage: limitmesh policy validate FILE [--name NAME]")
+		return errUsage
+	}
+	path := fs.Arg(0)
+	if name == "" {
+		name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+		if path == "-" {
+			name = "stdin"
+		}
+	}
+	doc, err := readDoc(path, s.in)
+	if err != nil {
+		return err
+	}
+	p, err := mesh.ParsePolicy(name, doc)
+	if err != nil {
+		return fmt.Errorf("invalid: %v", err)
+	}
+	fmt.Fprintf(s.out, "valid: %s (%s; %s)\n", name, p.Mode, limitsSummary(p))
+	return nil
+}
+
+func policyHistory(ctx context.Context, args []string, s stdio) error {
+	return withBucket(ctx, "history", args, 1, s, nil, func(ctx context.Context, kv jetstream.KeyValue, args []string) error {
+		entries, err := kv.History(ctx, args[0])
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("no history for %q", args[0])
+		} else if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(s.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "REVISION\tCREATED\tOPERATION\tSTATUS")
+		for _, e := range entries {
+			status := "-"
+			if e.Operation() == jetstream.KeyValuePut {
+				status = "valid"
+				if _, err := mesh.ParsePolicy(e.Key(), e.Value()); err != nil {
+					status = "invalid: " + oneLine(err.Error(), 70)
+				}
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", e.Revision(), e.Created().UTC().Format(time.RFC3339), e.Operation(), status)
+		}
+		return tw.Flush()
+	})
+}
+
+func policyRollback(ctx context.Context, args []string, s stdio) error {
+	return withBucket(ctx, "rollback", args, 1, s, nil, func(ctx context.Context, kv jetstream.KeyValue, args []string) error {
+		name := args[0]
+		entries, err := kv.History(ctx, name)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("no history for %q", name)
+		} else if err != nil {
+			return err
+		}
+		current := entries[len(entries)-1]
+		target := rollbackTarget(entries)
+		if target == nil {
+			return fmt.Errorf("no earlier valid revision of %q in the bucket's history", name)
+		}
+		rev, err := kv.Update(ctx, name, target.Value(), current.Revision())
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return fmt.Errorf("%q changed while rolling back; nothing written, try again", name)
+		} else if err != nil {
+			return err
+		}
+		fmt.Fprintf(s.out, "rolled back %s to the value of revision %d (now revision %d)\n", name, target.Revision(), rev)
+		return nil
+	})
+}
+
+// rollbackTarget is the newest PUT before the current entry whose value is a
+// valid policy and differs from the current value; nil if there is none.
+func rollbackTarget(entries []jetstream.KeyValueEntry) jetstream.KeyValueEntry {
+	if len(entries) < 2 {
+		return nil
+	}
+	current := entries[len(entries)-1]
+	for i := len(entries) - 2; i >= 0; i-- {
+		e := entries[i]
+		if e.Operation() != jetstream.KeyValuePut {
+			continue
+		}
+		if current.Operation() == jetstream.KeyValuePut && string(e.Value()) == string(current.Value()) {
+			continue
+		}
+		if _, err := mesh.ParsePolicy(e.Key(), e.Value()); err == nil {
+			return e
+		}
+	}
+	return nil
+}
+
+func limitsSummary(p *policies.Policy) string {
+	parts := make([]string, 0, len(p.Limits))
+	for _, l := range p.Limits {
+		parts = append(parts, l.Name)
+	}
+	return strings.Join(parts, ",")
+}
+
+func oneLine(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > max {
+		s = s[:max-1] + "…"
+	}
+	return s
+}

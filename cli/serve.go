@@ -1,0 +1,193 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/limitmesh/limitmesh/mesh"
+)
+
+// serveConfig is everything `limitmesh serve` takes from flags.
+type serveConfig struct {
+	natsURL         string
+	natsListen      string
+	dataDir         string
+	httpAddr        string
+	prefix          string
+	decisionTimeout time.Duration
+	replicas        int
+	stateTTL        time.Duration
+	logLevel        string
+	clusterListen   string
+	clusterName     string
+	serverName      string
+	routes          listFlag
+	drainTimeout    time.Duration
+}
+
+var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
+
+func serveFlags(s stdio) (*serveConfig, func([]string) error) {
+	c := &serveConfig{}
+	fs := newFlags("serve", s)
+	fs.StringVar(&c.natsURL, "nats-url", "", "join an existing NATS deployment at this URL instead of starting an embedded server")
+	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "client address of the embedded NATS server")
+	fs.StringVar(&c.dataDir, "data", "./limitmesh-data", "storage directory of the embedded NATS server (JetStream)")
+	fs.StringVar(&c.httpAddr, "http", "127.0.0.1:9090", "address of /metrics, /healthz and /readyz")
+	fs.StringVar(&c.prefix, "prefix", "rl", "subject prefix; buckets are <prefix>_policies and <prefix>_state")
+	fs.DurationVar(&c.decisionTimeout, "decision-timeout", 500*time.Millisecond, "longest a decision may take before the node answers 503")
+	fs.IntVar(&c.replicas, "replicas", 1, "replicas of the buckets this node creates")
+	fs.DurationVar(&c.stateTTL, "state-ttl", time.Hour, "idle limiter state expires after this long")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.clusterListen, "cluster-listen", "", "host:port for routes to other NATS servers (makes the embedded server a cluster member)")
+	fs.StringVar(&c.clusterName, "cluster-name", "limitmesh", "NATS cluster name")
+	fs.StringVar(&c.serverName, "server-name", "", "NATS server name (default: derived from the host and client port)")
+	fs.Var(&c.routes, "routes", "comma-separated routes to other cluster members, e.g. nats://127.0.0.1:6223")
+	fs.DurationVar(&c.drainTimeout, "drain-timeout", 10*time.Second, "longest a shutdown waits for in-flight decisions")
+	return c, func(args []string) error {
+		if err := parseFlags(fs, args, s); err != nil {
+			return err
+		}
+		return c.validate()
+	}
+}
+
+func (c *serveConfig) validate() error {
+	switch {
+	case !prefixRE.MatchString(c.prefix):
+		return fmt.Errorf("--prefix %q: must match %s", c.prefix, prefixRE)
+	case c.decisionTimeout <= 0:
+		return errors.New("--decision-timeout must be positive")
+	case c.replicas < 1 || c.replicas > 5:
+		return fmt.Errorf("--replicas %d: must be 1..5", c.replicas)
+	case c.stateTTL < time.Second:
+		return errors.New("--state-ttl must be at least 1s")
+	case c.drainTimeout <= 0:
+		return errors.New("--drain-timeout must be positive")
+	case c.natsURL == "" && c.dataDir == "":
+		return errors.New("--data must name a directory for the embedded server")
+	case c.natsURL != "" && (c.clusterListen != "" || len(c.routes) > 0):
+		return errors.New("--cluster-listen and --routes configure the embedded server; they cannot be used with --nats-url")
+	}
+	if _, err := parseLevel(c.logLevel); err != nil {
+		return err
+	}
+	return nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+func runServe(ctx context.Context, args []string, s stdio) error {
+	c, parse := serveFlags(s)
+	if err := parse(args); err != nil {
+		return err
+	}
+	level, _ := parseLevel(c.logLevel)
+	log := slog.New(slog.NewTextHandler(s.err, &slog.HandlerOptions{Level: level}))
+
+	// Bind the HTTP address first: a taken port is a clear error before
+	// anything else starts.
+	hl, err := net.Listen("tcp", c.httpAddr)
+	if err != nil {
+		return fmt.Errorf("--http %s: %v", c.httpAddr, err)
+	}
+	defer hl.Close()
+
+	var (
+		nc  *nats.Conn
+		emb *mesh.Embedded
+	)
+	if c.natsURL == "" {
+		emb, err = mesh.StartEmbedded(mesh.EmbeddedConfig{
+			Listen:        c.natsListen,
+			DataDir:       c.dataDir,
+			ServerName:    c.serverName,
+			ClusterName:   c.clusterName,
+			ClusterListen: c.clusterListen,
+			Routes:        c.routes,
+			Logger:        log,
+		})
+		if err != nil {
+			return fmt.Errorf("embedded NATS: %v", err)
+		}
+		defer emb.Shutdown()
+		nc, err = emb.Connect(nats.Name("limitmesh-node"))
+		if err != nil {
+			return fmt.Errorf("connect to the embedded NATS server: %v", err)
+		}
+		log.Info("embedded NATS server started", "listen", c.natsListen, "data", c.dataDir)
+	} else {
+		nc, err = nats.Connect(c.natsURL,
+			nats.Name("limitmesh-node"),
+			nats.Timeout(5*time.Second),
+			nats.MaxReconnects(-1),
+		)
+		if err != nil {
+			return fmt.Errorf("cannot connect to NATS at %s: %v", redactURL(c.natsURL), err)
+		}
+	}
+	defer nc.Close()
+
+	node, err := mesh.NewNode(nc, mesh.NodeConfig{
+		Prefix:          c.prefix,
+		DecisionTimeout: c.decisionTimeout,
+		Replicas:        c.replicas,
+		StateTTL:        c.stateTTL,
+		Logger:          log,
+	})
+	if err != nil {
+		return err
+	}
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = node.Start(startCtx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("start node: %v", err)
+	}
+
+	hs := &http.Server{Handler: node.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server stopped", "err", err)
+		}
+	}()
+	log.Info("limitmesh serving",
+		"subject", c.prefix+".v1.decide", "http", hl.Addr().String(), "version", Version)
+
+	<-ctx.Done()
+	log.Info("draining")
+	stopCtx, cancel := context.WithTimeout(context.Background(), c.drainTimeout)
+	defer cancel()
+	if err := node.Stop(stopCtx); err != nil {
+		log.Warn("drain incomplete", "err", err)
+	}
+	_ = hs.Shutdown(stopCtx)
+	_ = nc.Drain()
+	log.Info("stopped")
+	return nil
+}
+
+// redactURL hides a password in a NATS URL before it is printed.
+func redactURL(u string) string {
+	if at := strings.LastIndex(u, "@"); at >= 0 {
+		if scheme := strings.Index(u, "://"); scheme >= 0 && scheme < at {
+			return u[:scheme+3] + "***" + u[at:]
+		}
+	}
+	return u
+}

@@ -83,7 +83,10 @@ func runDemo(ctx context.Context, args []string, s stdio) error {
 		if err != nil {
 			return err
 		}
-		if err := node.Start(ctx); err != nil {
+		startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = node.Start(startCtx)
+		cancel()
+		if err != nil {
 			return fmt.Errorf("start node: %v", err)
 		}
 		cleanup = append(cleanup, func() {

@@ -348,3 +348,26 @@ func TestParseCostAllocs(t *testing.T) {
 		t.Errorf("ParseCost(integer) allocates %v times", n)
 	}
 }
+
+func BenchmarkParseCost(b *testing.B) {
+	for _, s := range []string{"3", "2.5"} {
+		b.Run(s, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := ParseCost(s); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkParse(b *testing.B) {
+	doc := []byte(contractExample)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse("acme-search", doc); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

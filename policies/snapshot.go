@@ -183,8 +183,11 @@ func (s *Snapshot) Policies() []*Policy {
 }
 
 // With returns a new snapshot holding s's policies with p added, or
-// replacing the policy of the same name. s is unchanged. It rebuilds the
-// index: O(number of policies).
+// replacing the policy of the same name (p must not be nil). s is
+// unchanged. It rebuilds the index, O(number of policies): about 5 ms for
+// 10,000 policies, so a watcher should build its first snapshot with one
+// [NewSnapshot] call over the initial values and use With and Without only
+// for the changes that follow.
 func (s *Snapshot) With(p *Policy) *Snapshot {
 	byName := make(map[string]*Policy, s.Len()+1)
 	if s != nil {

@@ -176,8 +176,10 @@ func FuzzAppendRequest(f *testing.F) {
 		if err := json.Unmarshal(b, &got); err != nil {
 			t.Fatalf("appendRequest wrote invalid JSON %q: %v", b, err)
 		}
-		if !utf8.ValidString(k1 + v1 + v2 + id + decimal) {
-			return
+		for _, s := range []string{k1, v1, v2, id, decimal} {
+			if !utf8.ValidString(s) {
+				return
+			}
 		}
 		if decimal != "" {
 			var s string

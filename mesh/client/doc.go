@@ -1,0 +1,67 @@
+// Package client is the Go SDK that gateways and services embed to ask a
+// limitmesh deployment for rate-limit decisions over NATS, plus a net/http
+// middleware that answers 429 Too Many Requests.
+//
+// It speaks the wire contract of CONTRACT.md §2: a JSON request on the
+// subject "<prefix>.v1.decide" (default prefix "rl"), a JSON reply, and NATS
+// micro errors (headers Nats-Service-Error-Code and Nats-Service-Error, body
+// {"error": symbol, "message": text}). It imports no other limitmesh
+// package and depends only on nats.go, so that gateways stay light.
+//
+// # Usage
+//
+//	nc, _ := nats.Connect(url)
+//	c, err := client.New(nc,
+//		client.Timeout(250*time.Millisecond), // when ctx has no deadline
+//		client.OnUnavailable(func(policy string, d map[string]string) client.Failure {
+//			if policy == "acme-search" {
+//				return client.FailOpenBucket(10, 40) // local: 10/s, burst 40
+//			}
+//			return client.FailClosed()
+//		}))
+//	res, err := c.Decide(ctx, map[string]string{"tenant": "acme", "operation": "search"}, 3)
+//	switch {
+//	case err != nil: // invalid request, internal error, or unavailable without a failure behaviour
+//	case !res.Allowed: // denied: res.RetryAfter (or res.Never), res.Policy
+//	default: // admitted
+//	}
+//
+// # Outcomes
+//
+// Callers tell outcomes apart with result fields and errors.Is:
+//
+//	admitted or denied by the service  Result (Source SourceService), nil error
+//	400 / 413 or rejected locally      ErrInvalidRequest (*ServiceError when answered)
+//	500 or unknown code                ErrInternal (*ServiceError)
+//	undecodable reply                  ErrBadReply
+//	503 or closed connection           ErrUnavailable   \
+//	no responders                      ErrNoResponders   } failure behaviour, if configured
+//	no reply before the deadline       ErrTimeout       /
+//	ctx cancelled                      the context's error
+//
+// # Failure behaviour (§26)
+//
+// [OnUnavailable] chooses, per policy (the one that last decided the
+// descriptor, remembered by the client) or per descriptor, what happens
+// when no decision can be obtained: [FailClosed] denies; [FailOpenBucket]
+// admits from a local emergency token bucket per descriptor key with its
+// own rate and burst, so fail-open is bounded and never unlimited. At most
+// [MaxEmergencyBuckets] keys (default 10,000, least recently used evicted)
+// are remembered. Failure results carry Source and the cause in Result.Err.
+// Errors that are not unavailability are never masked.
+//
+// # HTTP
+//
+// [Middleware] maps each HTTP request to a descriptor and cost (or passes
+// it through), answers denials with 429, Retry-After (whole seconds rounded
+// up, at least 1; omitted when the cost can never be admitted),
+// Cache-Control "no-store, private", the RateLimit and RateLimit-Policy
+// headers of draft-ietf-httpapi-ratelimit-headers-10, and the body
+// {"error":"rate_limit_exceeded","policy":"<name>"}.
+//
+// # Stability
+//
+// The API of this package (New, the Options, Decide, the DecideOptions,
+// Result, the errors, Failure and Middleware) is stable: the node's
+// integration tests and gateways use it. Additions are compatible.
+package client

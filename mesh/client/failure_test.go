@@ -290,3 +290,32 @@ func TestMicroDecimal(t *testing.T) {
 		}
 	}
 }
+
+// TestFailOpenBucketConcurrent: concurrent requests for one key during an
+// outage, with the clock standing still, admit exactly burst.
+func TestFailOpenBucketConcurrent(t *testing.T) {
+	s := startServer(t)
+	c := newClient(t, connect(t, s), Clock(newFakeClock().Now),
+		OnUnavailable(func(string, map[string]string) Failure { return FailOpenBucket(1, 25) }))
+	const workers, each = 8, 20
+	admitted := make(chan int, workers)
+	for range workers {
+		go func() {
+			n := 0
+			for range each {
+				res, err := c.Decide(context.Background(), map[string]string{"tenant": "acme"}, 1)
+				if err == nil && res.Allowed {
+					n++
+				}
+			}
+			admitted <- n
+		}()
+	}
+	total := 0
+	for range workers {
+		total += <-admitted
+	}
+	if total != 25 {
+		t.Fatalf("admitted %d of %d concurrent requests, want exactly the burst 25", total, workers*each)
+	}
+}

@@ -52,7 +52,7 @@ func bucketDecide(l Limit, credit u128, cost int64, lag uint64) (Decision, u128)
 // tbCredit returns a token_bucket state's credit at now and the instant the
 // new state is as of (the later of now and the state's Last). A state of
 // another algorithm (the zero State included) is a never-seen key: full.
-func tbCredit(l Limit, s State, now int64) (u128, int64) {
+func tbCredit(l Limit, s *State, now int64) (u128, int64) {
 	full := bucketFull(l)
 	if s.Algorithm != TokenBucket {
 		return full, now
@@ -75,19 +75,24 @@ func tbState(credit u128, last int64) State {
 	return State{Algorithm: TokenBucket, Tokens: q.int64(), Frac: int64(r), Last: last}
 }
 
-func decideTokenBucket(l Limit, s State, now, cost int64) (Decision, State) {
+// decideTokenBucket decides against *s and writes the state to store to
+// *out (pointers: State is large, and the hot path avoids copying it).
+func decideTokenBucket(l Limit, s *State, now, cost int64, out *State) Decision {
 	credit, last := tbCredit(l, s, now)
 	d, after := bucketDecide(l, credit, cost, span(now, last))
 	if !d.Allowed || cost <= 0 {
-		return d, s
+		*out = *s
+		return d
 	}
-	return d, tbState(after, last)
+	q, r := after.divmodNano()
+	*out = State{Algorithm: TokenBucket, Tokens: q.int64(), Frac: int64(r), Last: last}
+	return d
 }
 
 // gcraCredit returns a gcra state's credit and the effective instant: the
 // later of now and the latest instant the state has seen, so that a clock
 // stepping backwards neither adds nor removes credit.
-func gcraCredit(l Limit, s State, now int64) (u128, int64) {
+func gcraCredit(l Limit, s *State, now int64) (u128, int64) {
 	full := bucketFull(l)
 	if s.Algorithm != GCRA {
 		return full, now
@@ -126,11 +131,14 @@ func gcraState(l Limit, credit u128, eff int64) State {
 	return s
 }
 
-func decideGCRA(l Limit, s State, now, cost int64) (Decision, State) {
+// decideGCRA decides against *s and writes the state to store to *out.
+func decideGCRA(l Limit, s *State, now, cost int64, out *State) Decision {
 	credit, eff := gcraCredit(l, s, now)
 	d, after := bucketDecide(l, credit, cost, span(now, eff))
 	if !d.Allowed || cost <= 0 {
-		return d, s
+		*out = *s
+		return d
 	}
-	return d, gcraState(l, after, eff)
+	*out = gcraState(l, after, eff)
+	return d
 }

@@ -20,25 +20,38 @@ package kvstate
 // A limit that is not usable (unknown algorithm, or a non-positive field the
 // algorithm needs; see [Limit.Validate]) is denied with RetryAfter [Never]
 // and s is returned unchanged.
-func Decide(l Limit, s State, now, cost int64) (Decision, State) {
+func Decide(l Limit, s State, now, cost int64) (d Decision, ns State) {
+	d = decideInto(l, &s, now, cost, &ns)
+	return d, ns
+}
+
+// decideInto is Decide writing the new state to *out. *s is only read;
+// out may not alias s. Pointers keep the large State from being copied on
+// the hot path.
+func decideInto(l Limit, s *State, now, cost int64, out *State) Decision {
 	if !l.usable() {
-		return Decision{RetryAfter: Never}, s
+		*out = *s
+		return Decision{RetryAfter: Never}
 	}
+	var d Decision
 	switch l.Algorithm {
 	case TokenBucket:
-		return decideTokenBucket(l, s, now, cost)
+		return decideTokenBucket(l, s, now, cost, out)
 	case GCRA:
-		return decideGCRA(l, s, now, cost)
+		return decideGCRA(l, s, now, cost, out)
 	case FixedWindow:
-		return decideFixedWindow(l, s, now, cost)
+		d, *out = decideFixedWindow(l, *s, now, cost)
 	case SlidingWindow:
-		return decideSlidingWindow(l, s, now, cost)
+		d, *out = decideSlidingWindow(l, *s, now, cost)
 	case SlidingLog:
-		return decideSlidingLog(l, s, now, cost)
+		d, *out = decideSlidingLog(l, *s, now, cost)
 	case Concurrency:
-		return Acquire(l, s, now, "", cost)
+		d, *out = Acquire(l, *s, now, "", cost)
+	default:
+		*out = *s
+		d = Decision{RetryAfter: Never}
 	}
-	return Decision{RetryAfter: Never}, s
+	return d
 }
 
 // DecideAll decides one request against every limit of a key: it is admitted
@@ -62,13 +75,14 @@ func DecideAll(limits []Limit, states []State, now, cost int64, dst []State) (De
 	}
 	dst = dst[:0]
 	out := Decision{Allowed: true}
+	var never State
 	for i, l := range limits {
-		var s State
+		s := &never
 		if i < len(states) {
-			s = states[i]
+			s = &states[i]
 		}
-		d, ns := Decide(l, s, now, cost)
-		dst = append(dst, ns)
+		dst = append(dst, State{})
+		d := decideInto(l, s, now, cost, &dst[i])
 		if !d.Allowed {
 			if out.Allowed || out.RetryAfter != Never && (d.RetryAfter == Never || d.RetryAfter > out.RetryAfter) {
 				out.RetryAfter = d.RetryAfter
@@ -109,10 +123,10 @@ func Advance(l Limit, s State, now int64) State {
 	}
 	switch l.Algorithm {
 	case TokenBucket:
-		c, last := tbCredit(l, s, now)
+		c, last := tbCredit(l, &s, now)
 		return tbState(c, last)
 	case GCRA:
-		c, eff := gcraCredit(l, s, now)
+		c, eff := gcraCredit(l, &s, now)
 		return gcraState(l, c, eff)
 	case FixedWindow:
 		start, count := fwView(l, s, now)
@@ -151,10 +165,10 @@ func Rebase(old, new Limit, s State, at int64) State {
 	a := Advance(old, s, at)
 	switch new.Algorithm {
 	case TokenBucket:
-		c, last := tbCredit(old, a, at)
+		c, last := tbCredit(old, &a, at)
 		return tbState(c.min(bucketFull(new)), last)
 	case GCRA:
-		c, eff := gcraCredit(old, a, at)
+		c, eff := gcraCredit(old, &a, at)
 		return gcraState(new, c.min(bucketFull(new)), eff)
 	case FixedWindow, SlidingWindow:
 		if new.Window != old.Window {

@@ -1,8 +1,6 @@
 package integration
 
 import (
-	"log/slog"
-	"os"
 	"sync"
 	"testing"
 
@@ -15,7 +13,7 @@ import (
 // token's refill time (100 ms at 10/s).
 func TestAcmeBurst(t *testing.T) {
 	e := server(t, t.TempDir())
-	tn := startNode(t, e, mesh.NodeConfig{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	tn := startNode(t, e, mesh.NodeConfig{})
 	rev := putPolicy(t, tn.nc, "rl_policies", "acme-search", acmePolicy)
 	waitFor(t, "policy applied", func() bool {
 		return decide(t, tn.nc, "rl.v1.decide", req(map[string]string{"tenant": "acme", "operation": "search", "plan": "probe"}, `"dry_run":true`)).Revision == rev

@@ -61,7 +61,7 @@ func (n *Node) submit(key string, c *call, now int64) {
 	t.mu.Lock()
 	e := t.m[key]
 	if e == nil {
-		e = &keyEntry{o: newOwner(n.policies, n.cfg.MaxConflicts)}
+		e = &keyEntry{o: newOwner(n.policies, n.cfg.MaxConflicts, int64(n.cfg.StateTTL))}
 		t.m[key] = e
 	}
 	e.mu.Lock()
@@ -183,7 +183,7 @@ func (n *Node) recoverKey(key string, e *keyEntry, v any) {
 	e.mu.Lock()
 	o := e.o
 	calls := append(append(append([]*call(nil), o.finished...), o.inflight...), o.queue...)
-	e.o = newOwner(n.policies, n.cfg.MaxConflicts)
+	e.o = newOwner(n.policies, n.cfg.MaxConflicts, int64(n.cfg.StateTTL))
 	e.running = false
 	e.mu.Unlock()
 	for _, c := range calls {

@@ -195,7 +195,7 @@ func (n *Node) Start(ctx context.Context) error {
 	ready := make(chan struct{})
 	n.bg.Add(2)
 	go func() { defer n.bg.Done(); n.watcher.run(bgctx, w, ready) }()
-	go func() { defer n.bg.Done(); n.keys.sweep(bgctx, n.clock, time.Minute) }()
+	go func() { defer n.bg.Done(); n.keys.sweep(bgctx, n.clock, min(n.cfg.StateTTL, time.Minute)) }()
 	select {
 	case <-ready:
 	case <-ctx.Done():

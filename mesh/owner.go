@@ -85,6 +85,14 @@ type action struct {
 type owner struct {
 	env          policyEnv
 	maxConflicts int
+	// ttl is the state bucket's idle expiry (ns; 0: none). A key whose
+	// cached record was last written ttl/2 ago is written again with its
+	// next batch, even if that batch changes nothing, so traffic that is
+	// only denied still keeps the stored state from expiring (and a key
+	// that did expire is noticed by the CAS of that write).
+	ttl       int64
+	lastWrite int64 // ns of the batch of the last acknowledged write; 0 after a load
+	batchAt   int64 // ns of the outstanding write's batch
 
 	loaded bool
 	rec    record // committed (as far as this node knows) when loaded
@@ -102,8 +110,8 @@ type owner struct {
 	corrupt int
 }
 
-func newOwner(env policyEnv, maxConflicts int) *owner {
-	return &owner{env: env, maxConflicts: maxConflicts}
+func newOwner(env policyEnv, maxConflicts int, ttl int64) *owner {
+	return &owner{env: env, maxConflicts: maxConflicts, ttl: ttl}
 }
 
 // submit queues c.
@@ -152,6 +160,9 @@ func (o *owner) next(now int64) (a action) {
 			write = true
 		}
 	}
+	if !write && o.ttl > 0 && now-o.lastWrite >= o.ttl/2 {
+		write = true // keep-alive: see owner.ttl
+	}
 	if !write {
 		o.finished = append(o.finished, o.queue...)
 		o.queue = nil
@@ -159,6 +170,7 @@ func (o *owner) next(now int64) (a action) {
 	}
 	o.inflight, o.queue = o.queue, nil
 	o.pending = rec
+	o.batchAt = now
 	o.busy = true
 	a.kind = actWrite
 	a.value = appendRecord(nil, &rec)
@@ -190,8 +202,10 @@ func (o *owner) loadedResult(val []byte, rev uint64, err error) {
 			rec = record{}
 		}
 		o.rec, o.rev, o.loaded = rec, rev, true
+		o.lastWrite = 0
 	case errors.Is(err, kvstate.ErrNotFound):
 		o.rec, o.rev, o.loaded = record{}, rev, true
+		o.lastWrite = 0
 	default:
 		o.loaded = false
 		for _, c := range o.queue {
@@ -210,6 +224,7 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 	switch {
 	case err == nil:
 		o.rec, o.rev = o.pending, rev
+		o.lastWrite = o.batchAt
 		o.pending = record{}
 		o.finished = append(o.finished, batch...)
 		return false

@@ -80,7 +80,7 @@ func mustKind(t *testing.T, a action, k actionKind) {
 
 func TestOwnerGroupCommitOrder(t *testing.T) {
 	p := tbPolicy(t, "p", 3, "10/s", 40, "")
-	o := newOwner(newFakeEnv(p), 8)
+	o := newOwner(newFakeEnv(p), 8, 0)
 	now := int64(1000 * sec)
 	c1 := newCall(p, 1, now+sec)
 	o.submit(c1)
@@ -136,7 +136,7 @@ func TestOwnerGroupCommitOrder(t *testing.T) {
 
 func TestOwnerConflictReloadsAndRedecides(t *testing.T) {
 	p := tbPolicy(t, "p", 1, "1/s", 10, "")
-	o := newOwner(newFakeEnv(p), 8)
+	o := newOwner(newFakeEnv(p), 8, 0)
 	now := int64(50 * sec)
 	o.submit(newCall(p, 1, now+sec))
 	mustKind(t, o.next(now), actLoad)
@@ -180,7 +180,7 @@ func TestOwnerConflictReloadsAndRedecides(t *testing.T) {
 
 func TestOwnerConflictBound(t *testing.T) {
 	p := tbPolicy(t, "p", 1, "1/s", 10, "")
-	o := newOwner(newFakeEnv(p), 3)
+	o := newOwner(newFakeEnv(p), 3, 0)
 	now := int64(sec)
 	c := newCall(p, 1, now+sec)
 	o.submit(c)
@@ -199,7 +199,7 @@ func TestOwnerConflictBound(t *testing.T) {
 
 func TestOwnerDeadline(t *testing.T) {
 	p := tbPolicy(t, "p", 1, "1/s", 10, "")
-	o := newOwner(newFakeEnv(p), 8)
+	o := newOwner(newFakeEnv(p), 8, 0)
 	c := newCall(p, 1, 100)
 	o.submit(c)
 	a := o.next(100)
@@ -211,7 +211,7 @@ func TestOwnerDeadline(t *testing.T) {
 
 func TestOwnerStoreErrors(t *testing.T) {
 	p := tbPolicy(t, "p", 1, "1/s", 10, "")
-	o := newOwner(newFakeEnv(p), 8)
+	o := newOwner(newFakeEnv(p), 8, 0)
 	c := newCall(p, 1, 10*sec)
 	o.submit(c)
 	mustKind(t, o.next(sec), actLoad)
@@ -237,7 +237,7 @@ func TestOwnerStoreErrors(t *testing.T) {
 // once, until the dedupe window passes.
 func TestOwnerDedupe(t *testing.T) {
 	p := tbPolicy(t, "p", 2, "1/s", 10, "")
-	o := newOwner(newFakeEnv(p), 8)
+	o := newOwner(newFakeEnv(p), 8, 0)
 	s := &storeAt{}
 	now := int64(sec)
 	first := withID(newCall(p, 4, now+sec), "abc")
@@ -280,7 +280,7 @@ func TestOwnerDedupe(t *testing.T) {
 // without a write.
 func TestOwnerNoWrite(t *testing.T) {
 	p := tbPolicy(t, "p", 1, "1/s", 2, "")
-	o := newOwner(newFakeEnv(p), 8)
+	o := newOwner(newFakeEnv(p), 8, 0)
 	s := &storeAt{}
 	now := int64(sec)
 	big := newCall(p, 3, now+sec) // above burst: never
@@ -310,7 +310,7 @@ func TestOwnerNoWrite(t *testing.T) {
 
 func TestOwnerShadow(t *testing.T) {
 	p := tbPolicy(t, "p", 1, "1/s", 1, `,"shadow":true`)
-	o := newOwner(newFakeEnv(p), 8)
+	o := newOwner(newFakeEnv(p), 8, 0)
 	s := &storeAt{}
 	now := int64(sec)
 	c1, c2 := newCall(p, 1, now+sec), newCall(p, 1, now+sec)
@@ -335,7 +335,7 @@ func TestOwnerTransition(t *testing.T) {
 	v1 := tbPolicy(t, "p", 1, "1/s", 40, "")
 	v2 := tbPolicy(t, "p", 2, "1/s", 5, "")
 	env := newFakeEnv(v1)
-	o := newOwner(env, 8)
+	o := newOwner(env, 8, 0)
 	s := &storeAt{}
 	now := int64(100 * sec)
 	o.submit(newCall(v1, 10, now+sec))
@@ -358,7 +358,7 @@ func TestOwnerTransition(t *testing.T) {
 		t.Fatalf("stored record rev %d err %v", rec.revision, err)
 	}
 	// An unknown old version: states kept by position and clamped.
-	o2 := newOwner(newFakeEnv(v2), 8)
+	o2 := newOwner(newFakeEnv(v2), 8, 0)
 	old := record{policy: "p", revision: 99, states: rec.states}
 	c2 := newCall(v2, 1, now+sec)
 	o2.submit(c2)
@@ -368,4 +368,41 @@ func TestOwnerTransition(t *testing.T) {
 	if c2.out.Remaining != 3*kvstate.Unit {
 		t.Fatalf("unknown old version: %+v, want remaining 3", c2.out)
 	}
+}
+
+// TestOwnerKeepAlive: with a state TTL, a batch that changes nothing is
+// still written once the last write is ttl/2 old (and after a load), so
+// denied-only traffic keeps the stored state alive.
+func TestOwnerKeepAlive(t *testing.T) {
+	p := tbPolicy(t, "p", 1, "1/h", 1, "")
+	o := newOwner(newFakeEnv(p), 8, 10*sec)
+	s := &storeAt{}
+	now := int64(100 * sec)
+	o.submit(newCall(p, 1, now+sec))
+	mustKind(t, o.next(now), actLoad)
+	o.loadedResult(nil, 0, kvstate.ErrNotFound)
+	o.written(s.write(t, o.next(now)), nil)
+	o.next(now)
+	deny := func(at int64) action {
+		c := newCall(p, 1, at+sec)
+		o.submit(c)
+		a := o.next(at)
+		if c.out.Allowed {
+			t.Fatalf("at %d: allowed", at)
+		}
+		return a
+	}
+	mustKind(t, deny(now+4*sec), actNone)
+	a := deny(now + 5*sec)
+	mustKind(t, a, actWrite)
+	o.written(s.write(t, a), nil)
+	o.next(now + 5*sec)
+	mustKind(t, deny(now+9*sec), actNone)
+	// After a load the record's age is unknown: the first batch writes.
+	o2 := newOwner(newFakeEnv(p), 8, 10*sec)
+	c := newCall(p, 2, now+sec)
+	o2.submit(c)
+	mustKind(t, o2.next(now), actLoad)
+	o2.loadedResult(s.val, s.rev, nil)
+	mustKind(t, o2.next(now), actWrite)
 }

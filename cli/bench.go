@@ -647,7 +647,7 @@ func (r *benchRun) work(w *worker, subject string, base time.Time, stop *atomic.
 // policy made the decision; ok is false for any other reply (a node that has
 // not applied the policy yet answers unmatched descriptors with policy "").
 // It looks for the fields as the node writes them and falls back to
-// encoding/json for any other layout.
+// encoding/json for any other layout and for replies of other policies.
 func (p *benchPlan) scanReply(b []byte) (allowed, ok bool) {
 	const af, pf = `"allowed":`, `"policy":`
 	i := bytes.Index(b, []byte(af))
@@ -655,11 +655,13 @@ func (p *benchPlan) scanReply(b []byte) (allowed, ok bool) {
 	if i >= 0 && j >= 0 {
 		a := b[i+len(af):]
 		pol := b[j+len(pf):]
-		switch {
-		case bytes.HasPrefix(a, []byte("true")):
-			return true, bytes.HasPrefix(pol, p.quotedPolicy)
-		case bytes.HasPrefix(a, []byte("false")):
-			return false, bytes.HasPrefix(pol, p.quotedPolicy)
+		if bytes.HasPrefix(pol, p.quotedPolicy) {
+			switch {
+			case bytes.HasPrefix(a, []byte("true")):
+				return true, true
+			case bytes.HasPrefix(a, []byte("false")):
+				return false, true
+			}
 		}
 	}
 	var r decideReply

@@ -1,0 +1,427 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh"
+)
+
+// benchJSON runs bench with args and returns its exit code, its --json line
+// decoded, and its output.
+func benchJSON(t *testing.T, args ...string) (int, map[string]any, string, string) {
+	t.Helper()
+	code, out, errOut := run(t, nil, append([]string{"bench", "--json", "--quiet"}, args...)...)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var m map[string]any
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &m); err != nil {
+		t.Fatalf("exit %d; last line of stdout is not JSON: %v\nstdout:\n%s\nstderr:\n%s", code, err, out, errOut)
+	}
+	return code, m, out, errOut
+}
+
+// num returns field k of a --json line as a number, failing if absent.
+func num(t *testing.T, m map[string]any, k string) float64 {
+	t.Helper()
+	v, ok := m[k].(float64)
+	if !ok {
+		t.Fatalf("--json line lacks numeric field %q: %v", k, m)
+	}
+	return v
+}
+
+// checkRun checks what every bench run must report: the contract's fields,
+// decisions that add up, an echo baseline and no overshoot in strict mode.
+func checkRun(t *testing.T, m map[string]any) {
+	t.Helper()
+	for _, k := range []string{"decisions_per_sec", "echo_per_sec", "ratio", "p50_ms", "p99_ms",
+		"p999_ms", "echo_p50_ms", "echo_p99_ms", "admitted", "denied", "overshoot", "keys", "zipf",
+		"concurrency", "duration_s", "errors"} {
+		num(t, m, k)
+	}
+	if m["mode"] != "strict" {
+		t.Errorf("mode = %v, want strict", m["mode"])
+	}
+	admitted, denied, decisions := num(t, m, "admitted"), num(t, m, "denied"), num(t, m, "decisions")
+	if admitted+denied != decisions {
+		t.Errorf("admitted %v + denied %v != decisions %v", admitted, denied, decisions)
+	}
+	if admitted <= 0 {
+		t.Errorf("admitted = %v, want > 0", admitted)
+	}
+	if num(t, m, "echo_per_sec") <= 0 || num(t, m, "echo_requests") <= 0 {
+		t.Errorf("no echo baseline: %v", m)
+	}
+	if num(t, m, "unmatched") != 0 {
+		t.Errorf("%v decisions were not made with the bench policy", m["unmatched"])
+	}
+	if o := num(t, m, "overshoot"); o != 0 {
+		t.Errorf("strict mode overshoot = %v units on %v keys, want 0", o, m["overshoot_keys"])
+	}
+	if p50, p99, p999 := num(t, m, "p50_ms"), num(t, m, "p99_ms"), num(t, m, "p999_ms"); p50 <= 0 || p50 > p99 || p99 > p999 {
+		t.Errorf("latency percentiles out of order: p50 %v, p99 %v, p999 %v", p50, p99, p999)
+	}
+}
+
+func TestBenchEmbeddedStrict(t *testing.T) {
+	code, m, out, errOut := benchJSON(t, "--duration", "300ms", "--echo-duration", "300ms",
+		"--keys", "50", "--concurrency", "8", "--conns", "2")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	checkRun(t, m)
+	if num(t, m, "keys") != 50 || num(t, m, "concurrency") != 8 {
+		t.Errorf("flags not reported: %v", m)
+	}
+	for _, want := range []string{"raw NATS echo", "decide", "overshoot"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestBenchHotKeyAgainstServe runs bench with --nats-url against a node on
+// a TCP listener, with one key and a limit far below the offered load, so
+// most requests are denied and the admitted total is checked against the
+// contract.
+func TestBenchHotKeyAgainstServe(t *testing.T) {
+	emb, err := mesh.StartEmbedded(mesh.EmbeddedConfig{Listen: "127.0.0.1:-1", DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	nc, err := emb.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	node, err := mesh.NewNode(nc, mesh.NodeConfig{Prefix: "hot"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := node.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Stop(context.Background()) })
+
+	code, m, out, errOut := benchJSON(t, "--nats-url", emb.ClientURL(), "--prefix", "hot",
+		"--duration", "400ms", "--echo-duration", "200ms", "--keys", "1", "--concurrency", "8",
+		"--rate", "50/s", "--burst", "5", "--cost", "0.5")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	checkRun(t, m)
+	if num(t, m, "denied") == 0 {
+		t.Errorf("one key at 50/s took every request: %v", m)
+	}
+	if num(t, m, "keys_admitted") != 1 {
+		t.Errorf("keys_admitted = %v, want 1", m["keys_admitted"])
+	}
+
+	// The run's policy is gone afterwards.
+	code, listed, _ := run(t, nil, "policy", "list", "--nats-url", emb.ClientURL(), "--prefix", "hot")
+	if code != 0 || strings.Contains(listed, "bench-") {
+		t.Errorf("policy list after bench (exit %d):\n%s", code, listed)
+	}
+}
+
+func TestBenchModeTheNodeDoesNotImplement(t *testing.T) {
+	_, rejected := mesh.ParsePolicy("m", []byte(`{"match":{"a":"b"},"limits":[{"algorithm":"token_bucket","rate":"1/s","burst":1}],"mode":"async"}`))
+	code, out, errOut := run(t, nil, "bench", "--mode", "async", "--quiet", "--duration", "200ms", "--keys", "5", "--concurrency", "2")
+	if rejected == nil {
+		if code != 0 {
+			t.Fatalf("the node implements async, but bench exits %d:\n%s%s", code, out, errOut)
+		}
+		return
+	}
+	if code != 1 || !strings.Contains(errOut, "does not implement --mode async") {
+		t.Errorf("exit %d, stderr %q: want 1 and a line saying the node does not implement async", code, errOut)
+	}
+	if strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+		t.Errorf("want one line on stderr, got:\n%s", errOut)
+	}
+}
+
+func TestBenchBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--mode", "eventual"},
+		{"--zipf", "-1"},
+		{"--keys", "0"},
+		{"--concurrency", "0"},
+		{"--conns", "0"},
+		{"--duration", "0s"},
+		{"--cost", "0"},
+		{"--cost", "1e3"},
+		{"--prefix", "Bad.Prefix"},
+		{"extra"},
+	} {
+		code, _, errOut := run(t, nil, append([]string{"bench"}, args...)...)
+		if code != 2 || errOut == "" {
+			t.Errorf("bench %v: exit %d, stderr %q; want 2 and a message", args, code, errOut)
+		}
+	}
+	// A limit the policy parser rejects is reported with its flag.
+	code, _, errOut := run(t, nil, "bench", "--rate", "ten per second")
+	if code != 1 || !strings.Contains(errOut, "--rate") {
+		t.Errorf("bad --rate: exit %d, stderr %q", code, errOut)
+	}
+}
+
+func TestBenchFlagsFromEnvironment(t *testing.T) {
+	s := stdio{err: new(strings.Builder), env: parseEnv([]string{
+		"LIMITMESH_NATS_URL=nats://example:4222", "LIMITMESH_KEYS=7", "LIMITMESH_ZIPF=0",
+	})}
+	c, parse := benchFlags(s)
+	if err := parse([]string{"--keys", "9"}); err != nil {
+		t.Fatal(err)
+	}
+	if !c.external || c.cf.natsURL != "nats://example:4222" {
+		t.Errorf("LIMITMESH_NATS_URL must select the external deployment: %+v", c)
+	}
+	if c.keys != 9 || c.zipf != 0 || c.echoDuration != c.duration {
+		t.Errorf("keys %d zipf %v echo %v: want 9 (flag wins), 0, --duration", c.keys, c.zipf, c.echoDuration)
+	}
+}
+
+func TestBenchPlanBodyAndReplies(t *testing.T) {
+	c := &benchConfig{mode: "strict", rate: "2.5/s", burst: "7.5", cost: "0.25"}
+	c.cf.prefix = "rl"
+	p, err := newBenchPlan(c, "abcd0123")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.limit.Rate != 2_500_000 || p.limit.Burst != 7_500_000 || p.cost != 250_000 {
+		t.Errorf("limit %+v cost %d: want rate 2.5 units/s, burst 7.5, cost 0.25 in micro-units", p.limit, p.cost)
+	}
+	var req decideRequest
+	body := p.appendBody(nil, 42)
+	if err := json.Unmarshal(body, &req); err != nil {
+		t.Fatalf("%s: %v", body, err)
+	}
+	if req.Descriptor["bench_run"] != "abcd0123" || req.Descriptor["key"] != "k42" || string(req.Cost) != `"0.25"` {
+		t.Errorf("body %s", body)
+	}
+
+	reply := func(allowed bool, policy string) string {
+		return fmt.Sprintf(`{"allowed":%v,"policy":%q,"revision":3,"remaining":0,"retry_after_ms":1,"reset_after_ms":2}`, allowed, policy)
+	}
+	for _, tc := range []struct {
+		body        string
+		allowed, ok bool
+	}{
+		{reply(true, p.policyName), true, true},
+		{reply(false, p.policyName), false, true},
+		{reply(true, ""), false, false},                                     // no policy applied yet
+		{reply(true, p.policyName+"x"), false, false},                       // another policy
+		{reply(false, "other"), false, false},                               // another policy
+		{`{"policy": "` + p.policyName + `", "allowed": true}`, true, true}, // another layout
+		{`{"error":"unavailable","message":"x"}`, false, false},
+		{`not json`, false, false},
+	} {
+		allowed, ok := p.scanReply([]byte(tc.body))
+		if allowed != tc.allowed || ok != tc.ok {
+			t.Errorf("scanReply(%s) = %v, %v; want %v, %v", tc.body, allowed, ok, tc.allowed, tc.ok)
+		}
+	}
+}
+
+func TestHistIndexBuckets(t *testing.T) {
+	// Every value lies in its bucket, buckets are in value order and a
+	// bucket is under 1/128 of its values wide.
+	r := rand.New(rand.NewPCG(1, 2))
+	values := []int64{0, 1, 255, 256, 257, 511, 512, 1000, 1 << 40, math.MaxInt64 - 1, math.MaxInt64}
+	for range 10000 {
+		values = append(values, r.Int64N(1<<uint(r.IntN(62)+1)))
+	}
+	for _, v := range values {
+		i := histIndex(v)
+		if i < 0 || i >= histBuckets {
+			t.Fatalf("histIndex(%d) = %d: out of 0..%d", v, i, histBuckets-1)
+		}
+		hi := histUpper(i)
+		lo := int64(0)
+		if i > 0 {
+			lo = histUpper(i-1) + 1
+		}
+		if v < lo || v > hi {
+			t.Fatalf("%d in bucket %d = [%d, %d]", v, i, lo, hi)
+		}
+		if v >= histExact && float64(hi-lo+1) > float64(lo)/128 {
+			t.Fatalf("bucket %d = [%d, %d] is wider than 1/128 of %d", i, lo, hi, lo)
+		}
+		if v < histExact && lo != hi {
+			t.Fatalf("%d is not exact: bucket [%d, %d]", v, lo, hi)
+		}
+	}
+	if histIndex(math.MaxInt64) != histBuckets-1 || histUpper(histBuckets-1) != math.MaxInt64 {
+		t.Errorf("the last bucket must end at MaxInt64")
+	}
+	if histIndex(-5) != 0 {
+		t.Errorf("a negative duration must count as 0")
+	}
+}
+
+func TestHistQuantiles(t *testing.T) {
+	var small latencyHist
+	for v := int64(1); v <= 100; v++ {
+		small.record(v)
+	}
+	for _, tc := range []struct {
+		q    float64
+		want int64
+	}{{0.01, 1}, {0.5, 50}, {0.99, 99}, {0.999, 100}, {1, 100}} {
+		if got := small.quantile(tc.q); got != tc.want {
+			t.Errorf("1..100: quantile(%v) = %d, want %d (exact below 256)", tc.q, got, tc.want)
+		}
+	}
+
+	// Microsecond to millisecond latencies, recorded in a shuffled order over
+	// two histograms and merged: the answer is at or above the exact order
+	// statistic and within 0.8% of it.
+	const n = 100_000
+	vals := make([]int64, n)
+	for i := range vals {
+		vals[i] = int64(i+1) * 1000 // 1 us .. 100 ms
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	r.Shuffle(n, func(i, j int) { vals[i], vals[j] = vals[j], vals[i] })
+	var a, b latencyHist
+	for i, v := range vals {
+		if i%3 == 0 {
+			a.record(v)
+		} else {
+			b.record(v)
+		}
+	}
+	a.merge(&b)
+	if a.n != n || a.max != n*1000 {
+		t.Fatalf("merged n %d max %d", a.n, a.max)
+	}
+	for _, q := range []float64{0.5, 0.9, 0.99, 0.999, 1} {
+		exact := int64(math.Ceil(q*n)) * 1000
+		got := a.quantile(q)
+		if got < exact || float64(got-exact) > float64(exact)/128 {
+			t.Errorf("quantile(%v) = %d, exact %d", q, got, exact)
+		}
+	}
+	var empty latencyHist
+	if empty.quantile(0.99) != 0 {
+		t.Errorf("an empty histogram's quantile must be 0")
+	}
+}
+
+func TestAllowanceAndOvershoot(t *testing.T) {
+	l := kvstate.Limit{Algorithm: kvstate.TokenBucket, Rate: 1000 * kvstate.Unit, Burst: 100 * kvstate.Unit}
+	for _, tc := range []struct {
+		span, want int64
+	}{
+		{0, 100 * kvstate.Unit},
+		{-5, 100 * kvstate.Unit}, // a span is never negative
+		{int64(time.Millisecond), 101 * kvstate.Unit},
+		{int64(time.Second), 1100 * kvstate.Unit},
+		{1, 100*kvstate.Unit + 1}, // 1 ns at 1000/s is 1 micro-unit
+	} {
+		if got := allowance(l, tc.span); got != tc.want {
+			t.Errorf("allowance(span %d) = %d, want %d", tc.span, got, tc.want)
+		}
+	}
+	// Rounded up: 3 micro-units/s for 1 ns is 3e-9 micro-units -> 1.
+	if got := allowance(kvstate.Limit{Rate: 3, Burst: 0}, 1); got != 1 {
+		t.Errorf("allowance rounds up: got %d, want 1", got)
+	}
+	if got := allowance(kvstate.Limit{Rate: math.MaxInt64, Burst: 1}, math.MaxInt64); got != math.MaxInt64 {
+		t.Errorf("allowance must saturate, got %d", got)
+	}
+
+	tally := make([]keyTally, 4)
+	for i := range tally {
+		tally[i].first.Store(math.MaxInt64)
+	}
+	ms := int64(time.Millisecond)
+	// Key 0: 101 units over 1 ms: exactly the allowance.
+	for i := range 101 {
+		tally[0].add(kvstate.Unit, int64(i)*ms/100, ms)
+	}
+	// Key 1: 103.5 units over 1 ms: 2.5 over.
+	for range 207 {
+		tally[1].add(kvstate.Unit/2, 0, ms)
+	}
+	// Key 2: 150 units, first sent at 10 ms, last received at 20 ms: 110 allowed.
+	tally[2].add(50*kvstate.Unit, 15*ms, 20*ms)
+	tally[2].add(100*kvstate.Unit, 10*ms, 12*ms)
+	// Key 3: nothing admitted.
+	micro, keys := overshoot(l, tally)
+	if want := 5*kvstate.Unit/2 + 40*kvstate.Unit; micro != want || keys != 2 {
+		t.Errorf("overshoot = %d micro-units on %d keys, want %d on 2", micro, keys, want)
+	}
+	if formatUnits(micro) != "42.5" || formatUnits(3*kvstate.Unit) != "3" || formatUnits(1) != "0.000001" {
+		t.Errorf("formatUnits: %q %q %q", formatUnits(micro), formatUnits(3*kvstate.Unit), formatUnits(1))
+	}
+}
+
+// TestInboxLateReply checks that a reply arriving after its request timed
+// out is never taken for the next request's reply, and that a subject with
+// no responders fails at once.
+func TestInboxLateReply(t *testing.T) {
+	emb, err := mesh.StartEmbedded(mesh.EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	responder, err := emb.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(responder.Close)
+	// The responder holds the first request; on the second it answers the
+	// first (late) and then the second.
+	var held *nats.Msg
+	if _, err := responder.Subscribe("slow", func(m *nats.Msg) {
+		if held == nil {
+			held = m
+			return
+		}
+		_ = held.Respond([]byte("late"))
+		_ = m.Respond(append([]byte("re:"), m.Data...))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := responder.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := emb.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	c, err := newInboxConn(nc, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.slots[1]
+	if _, err := s.request("slow", []byte("a"), 50*time.Millisecond); !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("first request: %v, want a timeout", err)
+	}
+	m, err := s.request("slow", []byte("b"), 10*time.Second)
+	if err != nil {
+		t.Fatalf("second request: %v", err)
+	}
+	if string(m.Data) != "re:b" {
+		t.Fatalf("second request got %q, want re:b", m.Data)
+	}
+	if _, err := c.slots[0].request("nobody", []byte("x"), 10*time.Second); !errors.Is(err, nats.ErrNoResponders) {
+		t.Errorf("request to a subject with no responders: %v", err)
+	}
+}

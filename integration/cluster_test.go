@@ -1,0 +1,147 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/limitmesh/limitmesh/mesh"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// freePorts reserves n loopback ports (closed again before use; a clash
+// with another process is unlikely and fails the test loudly).
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	ports := make([]int, n)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+	}
+	return ports
+}
+
+// TestReplicatedCluster: three embedded servers in one JetStream cluster,
+// buckets with three replicas, nodes on two different servers: the Acme
+// burst still admits at most 40 (leader reads and CAS across servers).
+func TestReplicatedCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	ports := freePorts(t, 3)
+	var routes []string
+	for _, p := range ports {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
+	}
+	servers := make([]*mesh.Embedded, 3)
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e, err := mesh.StartEmbedded(mesh.EmbeddedConfig{
+				Listen: "127.0.0.1:-1", DataDir: t.TempDir(), ServerName: fmt.Sprintf("s%d", i),
+				ClusterName: "lm", ClusterListen: fmt.Sprintf("127.0.0.1:%d", ports[i]), Routes: routes,
+			})
+			servers[i], errs[i] = e, err
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("server %d: %v", i, err)
+		}
+		t.Cleanup(servers[i].Shutdown)
+	}
+	// Wait for a JetStream meta leader before creating R3 buckets.
+	waitFor(t, "JetStream cluster leader", func() bool {
+		for _, s := range servers {
+			if s.Server().JetStreamIsLeader() {
+				return true
+			}
+		}
+		return false
+	})
+	var n0 *testNode
+	waitFor(t, "first node started with R3 buckets", func() bool {
+		nc, err := nats.Connect(servers[0].ClientURL())
+		if err != nil {
+			return false
+		}
+		node, err := mesh.NewNode(nc, mesh.NodeConfig{Replicas: 3})
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), testTimeout/4)
+			err = node.Start(ctx)
+			cancel()
+		}
+		if err != nil {
+			nc.Close()
+			return false
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+			defer cancel()
+			_ = node.Stop(ctx)
+			nc.Close()
+		})
+		n0 = &testNode{node: node, nc: nc}
+		return true
+	})
+	n1 := startNode(t, servers[1], mesh.NodeConfig{Replicas: 3})
+	js, _ := jetstream.New(n0.nc)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	st, err := js.Stream(ctx, "KV_rl_state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := st.CachedInfo().Config.Replicas; r != 3 {
+		t.Fatalf("state bucket replicas = %d, want 3", r)
+	}
+	rev := putPolicy(t, n0.nc, "rl_policies", "slow", slowPolicy)
+	d := map[string]string{"tenant": "r3"}
+	waitRevision(t, n0.nc, d, rev)
+	waitRevision(t, n1.nc, d, rev)
+
+	conns := []*nats.Conn{n0.nc, n1.nc}
+	for i := 0; i < 4; i++ {
+		conns = append(conns, connect(t, servers[i%3]))
+	}
+	const total = 80
+	replies := make([]reply, total)
+	var start sync.WaitGroup
+	start.Add(1)
+	for i := 0; i < total; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start.Wait()
+			replies[i] = decide(t, conns[i%len(conns)], "rl.v1.decide", req(d, ""))
+		}()
+	}
+	start.Done()
+	wg.Wait()
+	admitted, unavailable := 0, 0
+	for _, r := range replies {
+		switch {
+		case r.Code == "503":
+			unavailable++
+		case r.Code != "":
+			t.Fatalf("unexpected error: %+v", r)
+		case r.Allowed:
+			admitted++
+		}
+	}
+	if admitted > 40 || (unavailable == 0 && admitted != 40) {
+		t.Fatalf("R3 cluster admitted %d (503: %d), want 40", admitted, unavailable)
+	}
+	t.Logf("admitted %d, 503 %d", admitted, unavailable)
+}

@@ -47,8 +47,11 @@ import (
 // waits for its reply before the next. A worker's replies come to a reply
 // subject of its own under one wildcard inbox subscription per connection,
 // so a request costs one publish and one delivery, with no per-request
-// subscription, map entry or channel (measured faster than nc.Request from
-// the same number of goroutines; see the package tests' comments).
+// map entry, channel or timer. On the 2-core development machine, echo at
+// 64 in flight over 4 in-process connections ran at 167k/s this way against
+// 120k/s with nc.Request and 107k/s with nc.RequestWithContext from the same
+// 64 goroutines (the same run order, a quiet moment; the decide phase, bound
+// by the node, did not change measurably).
 //
 // Latency is measured from just before the publish to the delivery of the
 // reply, per successful request (errors are counted, not timed), into a

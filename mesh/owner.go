@@ -173,7 +173,7 @@ func (o *owner) next(now int64) (a action) {
 	o.batchAt = now
 	o.busy = true
 	a.kind = actWrite
-	a.value = appendRecord(nil, &rec)
+	a.value = appendRecord(make([]byte, 0, recordSizeHint(&rec)), &rec)
 	a.rev = o.rev
 	a.deadline = maxDeadline(o.inflight)
 	return a

@@ -53,15 +53,33 @@ const (
 	flagShadowDenied = 2
 )
 
+// recordSizeHint is a capacity that usually holds r's encoding, so
+// encoding allocates once.
+func recordSizeHint(r *record) int {
+	return 32 + len(r.policy) + 40*len(r.states) + 48*len(r.dedupe)
+}
+
 // appendRecord appends the encoding of r to dst.
 func appendRecord(dst []byte, r *record) []byte {
 	dst = append(dst, recordVersion)
 	dst = binary.AppendUvarint(dst, uint64(len(r.policy)))
 	dst = append(dst, r.policy...)
 	dst = binary.AppendUvarint(dst, r.revision)
-	st := kvstate.AppendStates(nil, r.states)
-	dst = binary.AppendUvarint(dst, uint64(len(st)))
-	dst = append(dst, st...)
+	// The states' length prefix is a uvarint: encode the states after a
+	// one-byte gap and widen the gap only when they are 128 bytes or more.
+	at := len(dst)
+	dst = append(dst, 0)
+	dst = kvstate.AppendStates(dst, r.states)
+	n := len(dst) - at - 1
+	if n < 0x80 {
+		dst[at] = byte(n)
+	} else {
+		var pre [binary.MaxVarintLen64]byte
+		w := binary.PutUvarint(pre[:], uint64(n))
+		dst = append(dst, pre[:w-1]...)
+		copy(dst[at+w:], dst[at+1:at+1+n])
+		copy(dst[at:], pre[:w])
+	}
 	dst = binary.AppendUvarint(dst, uint64(len(r.dedupe)))
 	for i := range r.dedupe {
 		e := &r.dedupe[i]

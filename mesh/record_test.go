@@ -18,8 +18,23 @@ func sampleRecord() record {
 	return r
 }
 
+// bigRecord has states whose encoding is over 127 bytes (a two-byte
+// length prefix).
+func bigRecord() record {
+	r := sampleRecord()
+	l := kvstate.Limit{Algorithm: kvstate.TokenBucket, Rate: 3 * kvstate.Unit, Burst: 1000 * kvstate.Unit}
+	for i := 0; i < 8; i++ {
+		_, st := kvstate.DecideAll([]kvstate.Limit{l}, nil, int64(i+1)*kvstate.Second, int64(i+1)*777_777, nil)
+		r.states = append(r.states, st...)
+	}
+	return r
+}
+
 func TestRecordRoundTrip(t *testing.T) {
-	for _, r := range []record{{}, {policy: "p", revision: 1}, sampleRecord()} {
+	if n := len(kvstate.AppendStates(nil, bigRecord().states)); n < 128 {
+		t.Fatalf("bigRecord states are %d bytes, want >= 128", n)
+	}
+	for _, r := range []record{{}, {policy: "p", revision: 1}, sampleRecord(), bigRecord()} {
 		b := appendRecord(nil, &r)
 		got, err := decodeRecord(b)
 		if err != nil {
@@ -99,6 +114,7 @@ func TestRecordDedupeCapAndPrune(t *testing.T) {
 func FuzzDecodeRecord(f *testing.F) {
 	f.Add(appendRecord(nil, new(sampleRecord())))
 	f.Add(appendRecord(nil, &record{}))
+	f.Add(appendRecord(nil, new(bigRecord())))
 	f.Add([]byte{1})
 	f.Add([]byte{1, 200, 200, 200, 200, 200, 200, 200, 200, 200, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {

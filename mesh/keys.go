@@ -100,7 +100,7 @@ func (n *Node) runKey(key string, e *keyEntry) {
 		case actNone:
 			return
 		case actLoad:
-			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.DecisionTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), n.opTimeout(a, now))
 			t0 := time.Now()
 			val, rev, err := n.store.Get(ctx, key)
 			n.observeOp("get", t0, err)
@@ -118,7 +118,7 @@ func (n *Node) runKey(key string, e *keyEntry) {
 				n.log.Warn("corrupt state record replaced", "key", key)
 			}
 		case actWrite:
-			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.DecisionTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), n.opTimeout(a, now))
 			t0 := time.Now()
 			rev, err := n.store.Update(ctx, key, a.value, a.rev)
 			n.observeOp("update", t0, err)
@@ -137,6 +137,13 @@ func (n *Node) runKey(key string, e *keyEntry) {
 			}
 		}
 	}
+}
+
+// opTimeout bounds a store operation by the latest deadline of the calls
+// waiting on it (at least 1 ms, at most the decision timeout), so a hung
+// store turns into 503s at the deadline rather than later.
+func (n *Node) opTimeout(a action, now int64) time.Duration {
+	return min(max(time.Duration(a.deadline-now), time.Millisecond), n.cfg.DecisionTimeout)
 }
 
 func (n *Node) observeOp(op string, t0 time.Time, err error) {

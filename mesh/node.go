@@ -83,7 +83,6 @@ type Node struct {
 	keys     *keyTable
 
 	ready    atomic.Bool
-	stopping atomic.Bool
 	inflight atomic.Int64
 
 	mu      sync.Mutex
@@ -275,7 +274,6 @@ func (n *Node) Stop(ctx context.Context) error {
 	}
 	n.stopped = true
 	n.ready.Store(false)
-	n.stopping.Store(true)
 	var err error
 	if n.svc != nil {
 		err = n.svc.Stop()

@@ -610,12 +610,15 @@ func (r *benchRun) work(w *worker, subject string, base time.Time, stop *atomic.
 		msg, err := w.slot.request(subject, w.body, timeout)
 		t1 := time.Now()
 		if err != nil {
+			w.errs.Add(1)
 			if errors.Is(err, nats.ErrTimeout) {
 				w.timeouts++
-			} else {
-				w.failed++
+				continue
 			}
-			w.errs.Add(1)
+			// No responders or a broken connection fail at once: pause
+			// rather than spin.
+			w.failed++
+			time.Sleep(10 * time.Millisecond)
 			continue
 		}
 		if code := msg.Header.Get("Nats-Service-Error-Code"); code != "" {
@@ -910,8 +913,8 @@ func (r *benchRun) report(echo, decide *phaseResult, tally []keyTally) *benchRep
 	rep := &benchReport{
 		Mode: c.mode, Keys: c.keys, Zipf: c.zipf, Concurrency: c.concurrency, Conns: c.conns,
 		Cost: c.cost, Rate: c.rate, Burst: c.burst,
-		DurationS:     decide.elapsed.Seconds(),
-		EchoDurationS: echo.elapsed.Seconds(),
+		DurationS:     math.Round(decide.elapsed.Seconds()*1e3) / 1e3,
+		EchoDurationS: math.Round(echo.elapsed.Seconds()*1e3) / 1e3,
 		Decisions:     decide.replies,
 		DecisionsPerS: math.Round(decide.perSec()),
 		EchoRequests:  echo.replies,
@@ -945,12 +948,15 @@ func (r *benchRun) report(echo, decide *phaseResult, tally []keyTally) *benchRep
 
 // print writes the human-readable report.
 func (rep *benchReport) print(w io.Writer, c *benchConfig, plan *benchPlan) {
-	dist := fmt.Sprintf("zipf %g", c.zipf)
-	if c.zipf == 0 {
-		dist = "uniform"
+	keys := fmt.Sprintf("%d keys (zipf %g)", c.keys, c.zipf)
+	switch {
+	case c.keys == 1:
+		keys = "1 hot key"
+	case c.zipf == 0:
+		keys = fmt.Sprintf("%d keys (uniform)", c.keys)
 	}
-	fmt.Fprintf(w, "limitmesh bench: mode %s, %d keys (%s), %d in flight over %d connections, cost %s\n",
-		c.mode, c.keys, dist, c.concurrency, c.conns, c.cost)
+	fmt.Fprintf(w, "limitmesh bench: mode %s, %s, %d in flight over %d connections, cost %s\n",
+		c.mode, keys, c.concurrency, c.conns, c.cost)
 	fmt.Fprintf(w, "policy %s: token_bucket %s, burst %s per key\n\n", plan.policyName, c.rate, c.burst)
 	fmt.Fprintf(w, "%-14s %10s %10s %9s %9s %9s %8s\n", "", "requests", "per sec", "p50 ms", "p99 ms", "p999 ms", "errors")
 	fmt.Fprintf(w, "%-14s %10d %10.0f %9.3f %9.3f %9.3f %8d\n", "raw NATS echo",

@@ -425,3 +425,32 @@ func TestInboxLateReply(t *testing.T) {
 		t.Errorf("request to a subject with no responders: %v", err)
 	}
 }
+
+// The bench worker's own per-request work, which the echo baseline pays
+// too: it must stay far below a NATS round trip.
+func BenchmarkWorkerOverhead(b *testing.B) {
+	c := &benchConfig{mode: "strict", rate: "1000/s", burst: "100", cost: "1"}
+	c.cf.prefix = "rl"
+	p, err := newBenchPlan(c, "abcd0123")
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, err := newKeyDist(10000, 1.1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pick := d.picker(1, 0)
+	reply := []byte(`{"allowed":true,"policy":"` + p.policyName + `","revision":3,"remaining":99,"retry_after_ms":0,"reset_after_ms":1}`)
+	var (
+		h    latencyHist
+		body []byte
+	)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		body = p.appendBody(body[:0], pick.next())
+		if allowed, ok := p.scanReply(reply); !allowed || !ok {
+			b.Fatal("reply not recognised")
+		}
+		h.record(int64(i % 5_000_000))
+	}
+}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 )
@@ -85,5 +86,21 @@ func TestKeyPickerFrequencies(t *testing.T) {
 				t.Errorf("zipf %v: key %d drawn %v times, want %.0f ± %.0f", s, k, counts[k], want, tol)
 			}
 		}
+	}
+}
+
+func BenchmarkKeyPicker(b *testing.B) {
+	for _, s := range []float64{0, 0.8, 1.1} {
+		d, err := newKeyDist(10000, s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("zipf=%v", s), func(b *testing.B) {
+			p := d.picker(1, 0)
+			b.ReportAllocs()
+			for b.Loop() {
+				p.next()
+			}
+		})
 	}
 }

@@ -160,8 +160,8 @@ func (o *owner) next(now int64) (a action) {
 			write = true
 		}
 	}
-	if !write && o.ttl > 0 && now-o.lastWrite >= o.ttl/2 {
-		write = true // keep-alive: see owner.ttl
+	if !write && o.ttl > 0 && now-o.lastWrite >= o.ttl/2 && len(o.rec.states) > 0 {
+		write = true // keep-alive (see owner.ttl); an absent key has nothing to keep
 	}
 	if !write {
 		o.finished = append(o.finished, o.queue...)

@@ -405,4 +405,13 @@ func TestOwnerKeepAlive(t *testing.T) {
 	mustKind(t, o2.next(now), actLoad)
 	o2.loadedResult(s.val, s.rev, nil)
 	mustKind(t, o2.next(now), actWrite)
+	// A key that was never written has nothing to keep alive: a dry run
+	// on it writes nothing.
+	o3 := newOwner(newFakeEnv(p), 8, 10*sec)
+	dry := newCall(p, 1, now+sec)
+	dry.dryRun = true
+	o3.submit(dry)
+	mustKind(t, o3.next(now), actLoad)
+	o3.loadedResult(nil, 0, kvstate.ErrNotFound)
+	mustKind(t, o3.next(now), actNone)
 }

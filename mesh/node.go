@@ -194,7 +194,7 @@ func (n *Node) Start(ctx context.Context) error {
 	ready := make(chan struct{})
 	n.bg.Add(2)
 	go func() { defer n.bg.Done(); n.watcher.run(bgctx, w, ready) }()
-	go func() { defer n.bg.Done(); n.keys.sweep(bgctx, n.clock, min(n.cfg.StateTTL, time.Minute)) }()
+	go func() { defer n.bg.Done(); n.keys.sweep(bgctx, n.clock, max(min(n.cfg.StateTTL, time.Minute), time.Second)) }()
 	select {
 	case <-ready:
 	case <-ctx.Done():

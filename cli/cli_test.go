@@ -145,3 +145,27 @@ func TestPolicyValidate(t *testing.T) {
 		t.Errorf("bad policy: exit %d, stderr %q", code, stderr)
 	}
 }
+
+// TestDemo runs the Acme story against an embedded node: the global limit
+// admits at most its contract and six local buckets admit every request.
+func TestDemo(t *testing.T) {
+	code, out, stderr := run(t, nil, "demo")
+	if code != 0 {
+		t.Fatalf("demo: exit %d\n%s\n%s", code, out, stderr)
+	}
+	for _, want := range []string{
+		"80 requests at once over 6 gateway connections",
+		"six independent local buckets:        admitted 80, denied  0",
+		"6 x 40 = 240",
+		"(6 - 1) x 40 = 200",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+	// The global limit: 40 plus whatever refilled while the burst ran
+	// (the demo itself fails when the contract is exceeded).
+	if !strings.Contains(out, "one global limit (limitmesh, strict):  admitted 4") {
+		t.Errorf("demo output:\n%s", out)
+	}
+}

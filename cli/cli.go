@@ -13,10 +13,12 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/limitmesh/limitmesh/mesh"
 )
 
-// Version is the limitmesh release.
-const Version = "0.1.0"
+// Version is the limitmesh release (the node's micro service version).
+const Version = mesh.Version
 
 // env is the process environment as a lookup.
 type env map[string]string

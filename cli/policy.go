@@ -25,6 +25,7 @@ func runPolicy(ctx context.Context, args []string, s stdio) error {
 		"validate": policyValidate,
 		"history":  policyHistory,
 		"rollback": policyRollback,
+		"explain":  policyExplain,
 	}
 	if len(args) == 0 || sub[args[0]] == nil {
 		fmt.Fprintln(s.err, "usage: limitmesh policy put NAME FILE|-")
@@ -33,6 +34,7 @@ func runPolicy(ctx context.Context, args []string, s stdio) error {
 		fmt.Fprintln(s.err, "       limitmesh policy validate FILE [--name NAME]")
 		fmt.Fprintln(s.err, "       limitmesh policy history NAME")
 		fmt.Fprintln(s.err, "       limitmesh policy rollback NAME")
+		fmt.Fprintln(s.err, "       limitmesh policy explain NAME [--nodes N] [--file FILE]")
 		return errUsage
 	}
 	return sub[args[0]](ctx, args[1:], s)
@@ -323,4 +325,107 @@ func oneLine(s string, max int) string {
 		s = s[:max-1] + "…"
 	}
 	return s
+}
+
+// policyExplain prints a policy's mode, its limits and the overshoot bound
+// of its mode per limit key as a number of units for --nodes nodes, with
+// the arithmetic (mesh.OvershootBound). The policy comes from the policy
+// bucket, or from --file offline.
+func policyExplain(ctx context.Context, args []string, s stdio) error {
+	var (
+		cf       clientFlags
+		file     string
+		nodes    int
+		interval time.Duration
+		wtimeout time.Duration
+	)
+	fs := newFlags("policy explain", s)
+	cf.register(fs)
+	fs.StringVar(&file, "file", "", "read the policy from FILE (- for stdin) instead of the bucket")
+	fs.IntVar(&nodes, "nodes", 1, "number of nodes serving the policy")
+	fs.DurationVar(&interval, "async-interval", mesh.DefaultAsyncInterval, "the nodes' async write-behind interval")
+	fs.DurationVar(&wtimeout, "decision-timeout", mesh.DefaultDecisionTimeout, "the nodes' decision timeout (bounds a state write)")
+	if err := parseFlags(fs, interspersed(args), s); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(s.err, "usage: limitmesh policy explain NAME [--nodes N] [--file FILE]")
+		return errUsage
+	}
+	if nodes < 1 {
+		fmt.Fprintf(s.err, "limitmesh policy explain: --nodes %d: want at least 1\n", nodes)
+		return errUsage
+	}
+	name := fs.Arg(0)
+	var (
+		doc []byte
+		rev uint64
+		err error
+	)
+	if file != "" {
+		if doc, err = readDoc(file, s.in); err != nil {
+			return err
+		}
+	} else {
+		ctx, cancel := context.WithTimeout(ctx, cf.timeout)
+		defer cancel()
+		kv, closeFn, err := policyBucket(ctx, &cf)
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		e, err := kv.Get(ctx, name)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("no policy %q", name)
+		} else if err != nil {
+			return err
+		}
+		doc, rev = e.Value(), e.Revision()
+	}
+	p, err := mesh.ParsePolicy(name, doc)
+	if err != nil {
+		return fmt.Errorf("invalid: %v", err)
+	}
+	b, err := mesh.OvershootBound(p, mesh.BoundParams{Nodes: nodes, AsyncInterval: interval, WriteTimeout: wtimeout})
+	if err != nil {
+		return err
+	}
+	writeExplain(s.out, p, rev, nodes, b)
+	return nil
+}
+
+// writeExplain prints what policyExplain reports.
+func writeExplain(w io.Writer, p *policies.Policy, rev uint64, nodes int, b mesh.Bound) {
+	fmt.Fprintf(w, "policy %s", p.Name)
+	if rev > 0 {
+		fmt.Fprintf(w, " (revision %d)", rev)
+	}
+	fmt.Fprintf(w, ": mode %s", p.Mode)
+	if p.Shadow {
+		fmt.Fprint(w, ", shadow (never denies)")
+	}
+	fmt.Fprintln(w)
+	for _, l := range p.Limits {
+		fmt.Fprintf(w, "  limit %s: %s\n", l.Name, mesh.FormatLimit(l.Limit))
+	}
+	nodeWord := "nodes"
+	if nodes == 1 {
+		nodeWord = "node"
+	}
+	fmt.Fprintf(w, "overshoot bound per limit key with %d %s (units admitted beyond the limit at most):\n", nodes, nodeWord)
+	for _, l := range b.Limits {
+		per := ""
+		if l.Per != "" {
+			per = " per " + l.Per
+		}
+		fmt.Fprintf(w, "  %s: %s: %s units%s\n", b.Mode, l.Name, l.Arithmetic, per)
+	}
+	switch b.Mode {
+	case policies.ModeStrict:
+		fmt.Fprintln(w, "  (strict: every admission is written with compare-and-swap before the reply)")
+	case policies.ModeAsync:
+		fmt.Fprintln(w, "  (async: per owner crash or lost write of a key: burst + rate × (interval + write timeout); windows: limit)")
+	case policies.ModeLocal:
+		fmt.Fprintln(w, "  (local: each node enforces the whole limit alone: (nodes − 1) × burst; windows: (nodes − 1) × limit)")
+	}
 }

@@ -40,8 +40,8 @@ func TestInvalidPolicyRejected(t *testing.T) {
 	waitFor(t, "rejection counted", func() bool {
 		return metricValue(t, tn, `limitmesh_policy_rejections_total{policy="slow"}`) == 1
 	})
-	putPolicy(t, tn.nc, "rl_policies", "slow", strings.Replace(slowPolicy, `"key"`, `"mode": "async", "key"`, 1))
-	waitFor(t, "async rejected", func() bool {
+	putPolicy(t, tn.nc, "rl_policies", "slow", strings.Replace(slowPolicy, `"key"`, `"mode": "leased", "key"`, 1))
+	waitFor(t, "leased rejected", func() bool {
 		return metricValue(t, tn, `limitmesh_policy_rejections_total{policy="slow"}`) == 2
 	})
 	putPolicy(t, tn.nc, "rl_policies", "Bad.Name", slowPolicy)

@@ -77,14 +77,17 @@ func (s *policySet) remember(v policyVersion) {
 }
 
 // parsePolicy parses one policy entry and applies this node's rules on top
-// of policies.Parse: only strict mode is implemented.
+// of policies.Parse: the modes strict, async and local are implemented
+// (leased is not yet).
 func parsePolicy(name string, value []byte, rev uint64) (*policies.Policy, error) {
 	p, err := policies.Parse(name, value)
 	if err != nil {
 		return nil, err
 	}
-	if p.Mode != policies.ModeStrict {
-		return nil, &policies.Error{Path: "mode", Reason: strconv.Quote(p.Mode.String()) + " is not implemented by this node (only strict)"}
+	switch p.Mode {
+	case policies.ModeStrict, policies.ModeAsync, policies.ModeLocal:
+	default:
+		return nil, &policies.Error{Path: "mode", Reason: strconv.Quote(p.Mode.String()) + " is not implemented by this node (strict, async and local are)"}
 	}
 	p.Revision = rev
 	return p, nil

@@ -63,6 +63,11 @@ type NodeConfig struct {
 	Clock           func() time.Time // nil: time.Now
 	// MaxConflicts bounds lost CAS writes per decision; default 8.
 	MaxConflicts int
+	// AsyncInterval is the write-behind interval of async-mode policies: a
+	// key's unwritten changes are written at most this long after the first
+	// of them (plus the duration of a write in flight); default
+	// DefaultAsyncInterval (20ms). See mode.go for the overshoot bound.
+	AsyncInterval time.Duration
 }
 
 var prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)

@@ -143,21 +143,20 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 	}
 	defer nc.Close()
 
-	node, err := mesh.NewNode(nc, mesh.NodeConfig{
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	if emb != nil && c.clusterListen != "" {
+		waitJetStream(startCtx, emb, log)
+	}
+	node, err := startNode(startCtx, nc, mesh.NodeConfig{
 		Prefix:          c.prefix,
 		DecisionTimeout: c.decisionTimeout,
 		Replicas:        c.replicas,
 		StateTTL:        c.stateTTL,
 		Logger:          log,
-	})
-	if err != nil {
-		return err
-	}
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = node.Start(startCtx)
+	}, log)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("start node: %v", err)
+		return fmt.Errorf("start node: %w", err)
 	}
 
 	hs := &http.Server{Handler: node.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
@@ -180,6 +179,58 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 	_ = nc.Drain()
 	log.Info("stopped")
 	return nil
+}
+
+// startAttempt bounds one attempt to start a node. A JetStream API request
+// sent while a cluster has no meta leader may get no reply at all, so an
+// attempt must be short enough to leave room for the next.
+const startAttempt = 5 * time.Second
+
+// startNode creates and starts a node, retrying until ctx ends: in a NATS
+// cluster that is still forming, the meta leader may not be elected yet and
+// a bucket with several replicas cannot be created until enough servers
+// have joined.
+func startNode(ctx context.Context, nc *nats.Conn, cfg mesh.NodeConfig, log *slog.Logger) (*mesh.Node, error) {
+	for attempt := 1; ; attempt++ {
+		node, err := mesh.NewNode(nc, cfg)
+		if err != nil {
+			return nil, err
+		}
+		actx, cancel := context.WithTimeout(ctx, startAttempt)
+		err = node.Start(actx)
+		cancel()
+		if err == nil {
+			return node, nil
+		}
+		stopCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = node.Stop(stopCtx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		log.Warn("node start failed, retrying", "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// waitJetStream waits (bounded by ctx) until the embedded server is current
+// with its cluster's JetStream meta leader, so the node's first requests are
+// not sent into a cluster that cannot answer them yet.
+func waitJetStream(ctx context.Context, emb *mesh.Embedded, log *slog.Logger) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !emb.Server().JetStreamIsCurrent() {
+		select {
+		case <-ctx.Done():
+			log.Warn("no JetStream meta leader yet", "err", ctx.Err())
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // redactURL hides a password in a NATS URL before it is printed.

@@ -26,3 +26,7 @@ var ErrStopped = errors.New("mesh: node stopped")
 
 // errInternal marks a 500: a bug, never the client's fault.
 var errInternal = errors.New("mesh: internal error")
+
+// ErrPartitionMismatch is returned, wrapped, by [Node.Start] when the
+// shards bucket records another partition count than NodeConfig.Partitions.
+var ErrPartitionMismatch = errors.New("mesh: partition count differs from the mesh's")

@@ -19,6 +19,9 @@ type metrics struct {
 	corruptRecords   prometheus.Counter       // stored records that could not be decoded
 	cachedKeys       prometheus.GaugeFunc     // keys held in memory
 	stateOps         *prometheus.HistogramVec // op: get, update
+	ownedPartitions  prometheus.Gauge         // partitions this node holds
+	forwarded        *prometheus.CounterVec   // outcome: ok, retry, not_owner, unavailable
+	ownershipChanges *prometheus.CounterVec   // change: claimed, released, lost
 }
 
 func newMetrics(reg prometheus.Registerer, cachedKeys func() float64) (*metrics, error) {
@@ -74,10 +77,22 @@ func newMetrics(reg prometheus.Registerer, cachedKeys func() float64) (*metrics,
 			Help:    "Latency of state store operations by op (get, update) and outcome.",
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5},
 		}, []string{"op", "outcome"}),
+		ownedPartitions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "limitmesh_owned_partitions",
+			Help: "Partitions of the key space this node owns.",
+		}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitmesh_forwarded_total",
+			Help: "Forwarding attempts of decide requests to a partition's owner, by outcome (ok: relayed reply; retry: no owner reachable yet; not_owner: a forwarded request for a partition this node does not own; unavailable: deadline passed).",
+		}, []string{"outcome"}),
+		ownershipChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitmesh_ownership_changes_total",
+			Help: "Partition ownership changes of this node, by change (claimed, released, lost).",
+		}, []string{"change"}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.casConflicts, m.casRetries,
 		m.policyRejections, m.policyRevision, m.errors, m.deduped, m.batchSize, m.corruptRecords,
-		m.cachedKeys, m.stateOps} {
+		m.cachedKeys, m.stateOps, m.ownedPartitions, m.forwarded, m.ownershipChanges} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

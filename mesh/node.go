@@ -13,11 +13,14 @@ package mesh
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"regexp"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +53,15 @@ const (
 	DefaultMaxConflicts = 8
 	// policyHistory is the history of a policy bucket the node creates.
 	policyHistory = 16
+	// DefaultPartitions is the number of partitions of the key space.
+	DefaultPartitions = 64
+	// MaxPartitions bounds NodeConfig.Partitions.
+	MaxPartitions = 4096
+	// DefaultLeaseTime is the partition lease: an owner that stops renewing
+	// loses its partitions after it.
+	DefaultLeaseTime = 3 * time.Second
+	// MinLeaseTime bounds NodeConfig.LeaseTime from below.
+	MinLeaseTime = 150 * time.Millisecond
 )
 
 // NodeConfig configures a node. The zero value is usable (defaults noted).
@@ -68,9 +80,25 @@ type NodeConfig struct {
 	// of them (plus the duration of a write in flight); default
 	// DefaultAsyncInterval (20ms). See mode.go for the overshoot bound.
 	AsyncInterval time.Duration
+	// Partitions is the number of partitions limit keys hash to (default
+	// 64, at most MaxPartitions). It is recorded in the shards bucket by
+	// the first node; a node with another count does not start.
+	Partitions int
+	// LeaseTime is the partition lease (default 3 s, at least 150 ms):
+	// owners renew every LeaseTime/3 and stop serving 2/3 of it after
+	// their last successful renewal; other nodes take over a partition
+	// whose entry was not renewed for LeaseTime as they observe it.
+	LeaseTime time.Duration
+	// NodeID names the node in the shards bucket ([A-Za-z0-9_-], 1..64
+	// bytes); default: random. It must be unique among running nodes; a
+	// node restarted with the same id takes its old entries over at once.
+	NodeID string
 }
 
-var prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
+var (
+	prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
+	nodeIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+)
 
 // Node is one limitmesh node. Start it once; Stop drains it. Its methods
 // are safe for concurrent use.
@@ -86,6 +114,8 @@ type Node struct {
 	watcher  *policyWatcher
 	store    kvstate.Store
 	keys     *keyTable
+	router   *router      // nil in offline unit tests: every key is decided here
+	shards   *shardRunner // nil before Start
 
 	ready    atomic.Bool
 	inflight atomic.Int64
@@ -121,6 +151,26 @@ func NewNode(nc *nats.Conn, cfg NodeConfig) (*Node, error) {
 	if cfg.MaxConflicts <= 0 {
 		cfg.MaxConflicts = DefaultMaxConflicts
 	}
+	if cfg.Partitions == 0 {
+		cfg.Partitions = DefaultPartitions
+	}
+	if cfg.Partitions < 1 || cfg.Partitions > MaxPartitions {
+		return nil, fmt.Errorf("%w: partitions %d not in [1, %d]", ErrConfig, cfg.Partitions, MaxPartitions)
+	}
+	if cfg.LeaseTime == 0 {
+		cfg.LeaseTime = DefaultLeaseTime
+	}
+	if cfg.LeaseTime < MinLeaseTime {
+		return nil, fmt.Errorf("%w: lease time %v below %v", ErrConfig, cfg.LeaseTime, MinLeaseTime)
+	}
+	if cfg.NodeID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		cfg.NodeID = hex.EncodeToString(b[:])
+	}
+	if !nodeIDRE.MatchString(cfg.NodeID) {
+		return nil, fmt.Errorf("%w: node id %q must match %s", ErrConfig, cfg.NodeID, nodeIDRE)
+	}
 	n := &Node{nc: nc, cfg: cfg, log: cfg.Logger, reg: cfg.Registry, clock: cfg.Clock}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
@@ -133,6 +183,7 @@ func NewNode(nc *nats.Conn, cfg NodeConfig) (*Node, error) {
 	}
 	n.policies = newPolicySet()
 	n.keys = newKeyTable()
+	n.router = newRouter(cfg.Prefix, cfg.Partitions)
 	m, err := newMetrics(n.reg, func() float64 { return float64(n.keys.len()) })
 	if err != nil {
 		return nil, fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
@@ -141,10 +192,34 @@ func NewNode(nc *nats.Conn, cfg NodeConfig) (*Node, error) {
 	return n, nil
 }
 
-// PolicyBucket, StateBucket and DecideSubject are the names the node uses.
-func (n *Node) PolicyBucket() string  { return n.cfg.Prefix + "_policies" }
-func (n *Node) StateBucket() string   { return n.cfg.Prefix + "_state" }
-func (n *Node) DecideSubject() string { return n.cfg.Prefix + ".v1.decide" }
+// PolicyBucket, StateBucket, ShardBucket and DecideSubject are the names
+// the node uses; ShardSubject(p) is partition p's subject.
+func (n *Node) PolicyBucket() string      { return n.cfg.Prefix + "_policies" }
+func (n *Node) StateBucket() string       { return n.cfg.Prefix + "_state" }
+func (n *Node) ShardBucket() string       { return n.cfg.Prefix + "_shards" }
+func (n *Node) DecideSubject() string     { return n.cfg.Prefix + ".v1.decide" }
+func (n *Node) ShardSubject(p int) string { return n.cfg.Prefix + ".v1.shard." + strconv.Itoa(p) }
+
+// ID returns the node's id in the shards bucket.
+func (n *Node) ID() string { return n.cfg.NodeID }
+
+// Partitions returns the partition count.
+func (n *Node) Partitions() int { return n.cfg.Partitions }
+
+// PartitionOf returns the partition of a limit key.
+func (n *Node) PartitionOf(key string) int { return partitionOf(key, n.cfg.Partitions) }
+
+// Owns reports whether the node serves partition p now.
+func (n *Node) Owns(p int) bool { return n.router.serving(p) }
+
+// Epoch returns the epoch in which the node holds partition p (0 when it
+// does not hold it).
+func (n *Node) Epoch(p int) uint64 {
+	if !n.router.serving(p) {
+		return 0
+	}
+	return n.router.slots[p].epoch.Load()
+}
 
 // Start creates missing buckets, applies the current policies, starts the
 // policy watch and the decide service, and returns once the node serves.
@@ -186,7 +261,20 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	n.store = store
+	n.store = &fencedStore{Store: store, n: n}
+	skv, err := n.ensureBucket(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      n.ShardBucket(),
+		Description: "limitmesh partition ownership",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    n.cfg.Replicas,
+	})
+	if err != nil {
+		return err
+	}
+	if err := checkShardConfig(ctx, skv, n.cfg.Partitions); err != nil {
+		return err
+	}
 
 	bgctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
@@ -199,7 +287,10 @@ func (n *Node) Start(ctx context.Context) error {
 	ready := make(chan struct{})
 	n.bg.Add(2)
 	go func() { defer n.bg.Done(); n.watcher.run(bgctx, w, ready) }()
-	go func() { defer n.bg.Done(); n.keys.sweep(bgctx, n.clock, max(min(n.cfg.StateTTL, time.Minute), time.Second)) }()
+	go func() {
+		defer n.bg.Done()
+		n.keys.sweep(bgctx, n.clock, max(min(n.cfg.StateTTL, time.Minute), time.Second))
+	}()
 	select {
 	case <-ready:
 	case <-ctx.Done():
@@ -207,6 +298,30 @@ func (n *Node) Start(ctx context.Context) error {
 		n.bg.Wait()
 		return fmt.Errorf("mesh: waiting for the initial policies: %w", ctx.Err())
 	}
+
+	// Ownership: watch the shards bucket, claim this node's partitions, and
+	// wait (at most two leases) until no partition waits for an owner.
+	sw, err := skv.WatchAll(bgctx)
+	if err != nil {
+		cancel()
+		n.bg.Wait()
+		return fmt.Errorf("mesh: watching %s: %w", n.ShardBucket(), err)
+	}
+	n.shards = newShardRunner(n, skv)
+	n.bg.Add(1)
+	go func() { defer n.bg.Done(); n.shards.run(bgctx, sw) }()
+	settle := time.NewTimer(2*n.cfg.LeaseTime + time.Second)
+	select {
+	case <-n.shards.settled:
+	case <-settle.C:
+		n.log.Warn("starting before every partition has an owner")
+	case <-ctx.Done():
+		settle.Stop()
+		cancel()
+		n.bg.Wait()
+		return fmt.Errorf("mesh: waiting for partition owners: %w", ctx.Err())
+	}
+	settle.Stop()
 
 	svc, err := micro.AddService(n.nc, micro.Config{
 		Name:        ServiceName,
@@ -237,7 +352,8 @@ func (n *Node) Start(ctx context.Context) error {
 	n.svc = svc
 	n.started = true
 	n.ready.Store(true)
-	n.log.Info("node serving", "subject", n.DecideSubject(), "policies", n.policies.snap.Load().Len())
+	n.log.Info("node serving", "subject", n.DecideSubject(), "policies", n.policies.snap.Load().Len(),
+		"node", n.cfg.NodeID, "partitions_owned", n.router.owned())
 	return nil
 }
 
@@ -282,6 +398,12 @@ func (n *Node) Stop(ctx context.Context) error {
 	var err error
 	if n.svc != nil {
 		err = n.svc.Stop()
+		// Leave the mesh: hand every partition over (each is drained,
+		// its keys dropped, its entry deleted so the next owner claims it
+		// at once in a greater epoch).
+		if n.shards != nil {
+			err = errors.Join(err, n.shards.leave(ctx))
+		}
 		// Drain: the subscription delivers what it already holds, so wait
 		// until no request has been in flight for a quiet period (the
 		// micro service does not expose the drain's completion), bounded

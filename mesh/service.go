@@ -3,16 +3,31 @@ package mesh
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/limitmesh/limitmesh/policies"
 	"github.com/nats-io/nats.go/micro"
 )
 
-// handleDecide is the decide endpoint's handler. It validates the request,
-// resolves the policy and the limit key, and hands the call to the key's
-// owner; the reply is sent when the owner finishes the call. It never
-// panics: a panic is answered with a 500.
+// routed is a decide request on its way to the owner of its key.
+type routed struct {
+	req      request
+	p        *policies.Policy
+	key      string
+	part     int
+	start    time.Time // when this node received it
+	deadline time.Time // decision deadline on this node
+	hopped   bool      // it was forwarded to this node (never forward again)
+}
+
+// handleDecide is the handler of the decide endpoint and of the shard
+// subjects. It validates the request, resolves the policy and the limit
+// key, and routes the call: to the key's owner core on this node when this
+// node serves the key's partition (or the policy's mode is local), else to
+// the partition's owner (route.go). The reply is sent when the call
+// finishes. It never blocks on I/O and never panics: a panic is answered
+// with a 500.
 func (n *Node) handleDecide(r micro.Request) {
 	start := time.Now()
 	n.inflight.Add(1)
@@ -35,7 +50,7 @@ func (n *Node) handleDecide(r micro.Request) {
 		if !req.dryRun {
 			n.metrics.decisions.WithLabelValues("", "allowed").Inc()
 		}
-		n.replyOK(r, start, decision{Allowed: true})
+		n.replyOK(r, start, decision{Allowed: true}, nil)
 		return
 	}
 	key, err := p.LimitKey(req.desc)
@@ -46,28 +61,73 @@ func (n *Node) handleDecide(r micro.Request) {
 		n.replyError(r, p.Name, start, fmt.Errorf("%w: %v", ErrBadRequest, err))
 		return
 	}
+	rq := &routed{req: req, p: p, key: key, part: -1, start: start,
+		deadline: start.Add(n.cfg.DecisionTimeout)}
+	if h := r.Headers(); h != nil {
+		rq.hopped = h.Get(HopHeader) != ""
+		if ns, err := strconv.ParseInt(h.Get(TimeoutHeader), 10, 64); err == nil && ns > 0 && time.Duration(ns) < n.cfg.DecisionTimeout {
+			rq.deadline = start.Add(time.Duration(ns))
+		}
+	}
+	if n.router != nil {
+		rq.part = partitionOf(key, n.router.parts)
+	}
+	handed = true
+	n.route(r, rq)
+}
+
+// route decides rq here when this node serves its partition (or the
+// policy is local), and forwards it otherwise.
+func (n *Node) route(r micro.Request, rq *routed) {
+	if n.router == nil || rq.part < 0 || rq.p.Mode == policies.ModeLocal {
+		n.submitCall(r, rq, nil)
+		return
+	}
+	slot := &n.router.slots[rq.part]
+	slot.inflight.Add(1)
+	if n.router.mono() < slot.until.Load() {
+		n.submitCall(r, rq, slot)
+		return
+	}
+	slot.inflight.Add(-1)
+	go n.forward(r, rq)
+}
+
+// submitCall hands rq to its key's owner core on this node. slot, when not
+// nil, counts the call as in flight in its partition until it finishes.
+func (n *Node) submitCall(r micro.Request, rq *routed, slot *partSlot) {
 	now := n.clock().UnixNano()
 	c := &call{
-		policy:   p,
-		cost:     req.cost,
-		dryRun:   req.dryRun,
-		deadline: now + int64(n.cfg.DecisionTimeout),
+		policy:   rq.p,
+		cost:     rq.req.cost,
+		dryRun:   rq.req.dryRun,
+		deadline: now + int64(time.Until(rq.deadline)),
 	}
-	if req.id != "" {
-		c.id, c.hasID = idHash(req.id), true
+	if rq.req.id != "" {
+		c.id, c.hasID = idHash(rq.req.id), true
 	}
-	c.done = func(c *call) { n.finishCall(r, c, start) }
-	handed = true
-	n.submit(key, c, now)
+	c.done = func(c *call) {
+		if slot != nil {
+			slot.inflight.Add(-1)
+		}
+		if isFenced(c.err) && slot != nil && time.Until(rq.deadline) > 0 {
+			// Nothing was written: this node lost the partition while
+			// deciding. The new owner decides.
+			go n.forward(r, rq)
+			return
+		}
+		n.finishCall(r, c, rq)
+	}
+	n.submit(rq.key, c, now)
 }
 
 // finishCall sends the reply of a call the owner finished.
-func (n *Node) finishCall(r micro.Request, c *call, start time.Time) {
+func (n *Node) finishCall(r micro.Request, c *call, rq *routed) {
 	if c.err != nil {
 		if !c.dryRun {
 			n.metrics.decisions.WithLabelValues(c.policy.Name, "error").Inc()
 		}
-		n.replyError(r, c.policy.Name, start, c.err)
+		n.replyError(r, c.policy.Name, rq.start, c.err)
 		return
 	}
 	switch {
@@ -81,12 +141,23 @@ func (n *Node) finishCall(r micro.Request, c *call, start time.Time) {
 	default:
 		n.metrics.decisions.WithLabelValues(c.out.Policy, "denied").Inc()
 	}
-	n.replyOK(r, start, c.out)
+	var h micro.Headers
+	if n.router != nil && rq.part >= 0 {
+		h = n.router.replyHeaders[rq.part]
+	}
+	n.replyOK(r, rq.start, c.out, h)
 }
 
-func (n *Node) replyOK(r micro.Request, start time.Time, d decision) {
+// replyOK sends a decision; h (shared, read-only) are extra reply headers.
+func (n *Node) replyOK(r micro.Request, start time.Time, d decision, h micro.Headers) {
 	var buf [192]byte
-	if err := r.Respond(appendReply(buf[:0], d)); err != nil {
+	var err error
+	if h != nil {
+		err = r.Respond(appendReply(buf[:0], d), micro.WithHeaders(h))
+	} else {
+		err = r.Respond(appendReply(buf[:0], d))
+	}
+	if err != nil {
 		n.log.Debug("reply failed", "error", err.Error())
 	}
 	n.metrics.duration.Observe(time.Since(start).Seconds())
@@ -95,7 +166,7 @@ func (n *Node) replyOK(r micro.Request, start time.Time, d decision) {
 
 // replyError answers with a micro error: code, description and the JSON
 // body {"error": symbol, "message": text} (CONTRACT.md §2).
-func (n *Node) replyError(r micro.Request, policy string, start time.Time, err error) {
+func (n *Node) replyError(r micro.Request, policy string, start time.Time, err error, opts ...micro.RespondOpt) {
 	code, symbol := "500", "internal"
 	switch {
 	case errors.Is(err, ErrTooLarge):
@@ -106,7 +177,7 @@ func (n *Node) replyError(r micro.Request, policy string, start time.Time, err e
 		code, symbol = "503", "unavailable"
 	}
 	msg := err.Error()
-	if rerr := r.Error(code, msg, errorBody(symbol, msg)); rerr != nil {
+	if rerr := r.Error(code, msg, errorBody(symbol, msg), opts...); rerr != nil {
 		n.log.Debug("error reply failed", "error", rerr.Error())
 	}
 	n.metrics.errors.WithLabelValues(code).Inc()

@@ -24,6 +24,7 @@ type options struct {
 	onUnavailable func(policy string, descriptor map[string]string) Failure
 	now           func() time.Time
 	maxKeys       int
+	hints         int
 }
 
 // An Option configures a Client in [New].
@@ -104,8 +105,9 @@ type Client struct {
 	nc      *nats.Conn
 	subject string
 	opts    options
-	keys    *keyCache // nil without OnUnavailable
-	bufs    sync.Pool // *[]byte request buffers
+	keys    *keyCache  // nil without OnUnavailable
+	hints   *hintCache // nil with PartitionHints(0)
+	bufs    sync.Pool  // *[]byte request buffers
 }
 
 // New returns a Client that sends requests on nc. The connection stays
@@ -114,7 +116,8 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	if nc == nil {
 		return nil, errors.New("limitmesh client: nil connection")
 	}
-	o := options{prefix: DefaultPrefix, timeout: DefaultTimeout, now: time.Now, maxKeys: DefaultMaxEmergencyBuckets}
+	o := options{prefix: DefaultPrefix, timeout: DefaultTimeout, now: time.Now, maxKeys: DefaultMaxEmergencyBuckets,
+		hints: DefaultPartitionHints}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err
@@ -123,6 +126,9 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	c := &Client{nc: nc, subject: o.prefix + ".v1.decide", opts: o}
 	if o.onUnavailable != nil {
 		c.keys = newKeyCache(o.maxKeys)
+	}
+	if o.hints > 0 {
+		c.hints = newHintCache(o.hints)
 	}
 	c.bufs.New = func() any { b := make([]byte, 0, 512); return &b }
 	return c, nil
@@ -178,7 +184,22 @@ func (c *Client) Decide(ctx context.Context, d map[string]string, cost int64, op
 		rctx, cancel = context.WithTimeout(ctx, c.opts.timeout)
 		defer cancel()
 	}
-	msg, err := c.nc.RequestWithContext(rctx, c.subject, body)
+	// With a remembered partition, go straight to its owner; if no node
+	// owns it (a move, a dead owner) fall back to the decide subject, which
+	// any node answers, and forget the hint.
+	var hkey string
+	subject := c.subject
+	if c.hints != nil {
+		hkey = descriptorKey(d)
+		if s := c.hints.subject(hkey); s != "" {
+			subject = s
+		}
+	}
+	msg, err := c.nc.RequestWithContext(rctx, subject, body)
+	if subject != c.subject && errors.Is(err, nats.ErrNoResponders) {
+		c.hints.forget(hkey)
+		msg, err = c.nc.RequestWithContext(rctx, c.subject, body)
+	}
 	// The body was copied into the connection's buffer by the publish.
 	*bp = body
 	c.bufs.Put(bp)
@@ -196,6 +217,11 @@ func (c *Client) Decide(ctx context.Context, d map[string]string, cost int64, op
 			return c.fail(d, micro, fmt.Errorf("limitmesh client: %w", err))
 		}
 		return nil, fmt.Errorf("limitmesh client: %w", err)
+	}
+	if c.hints != nil {
+		if p := msg.Header.Get(PartitionHeader); p != "" {
+			c.hints.remember(hkey, c.opts.prefix, p)
+		}
 	}
 	if c.keys != nil && r.Policy != "" && !o.dryRun {
 		c.keys.remember(descriptorKey(d), r.Policy)

@@ -1,0 +1,487 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitmesh/limitmesh/mesh"
+	"github.com/limitmesh/limitmesh/mesh/client"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ownershipLease is the lease of the ownership tests: short, so a killed
+// owner's partitions move within the test's bounds.
+const ownershipLease = 600 * time.Millisecond
+
+// meshNodes starts k nodes on e (each with its own connection) with a
+// short lease and slowPolicy applied, and waits until every partition has
+// exactly one owner among them.
+func meshNodes(t *testing.T, servers []*mesh.Embedded, k int) []*testNode {
+	t.Helper()
+	nodes := make([]*testNode, k)
+	for i := range nodes {
+		nodes[i] = startNode(t, servers[i%len(servers)], mesh.NodeConfig{
+			LeaseTime: ownershipLease, NodeID: fmt.Sprintf("n%d", i), Replicas: replicasFor(servers)})
+	}
+	rev := putPolicy(t, nodes[0].nc, "rl_policies", "slow", slowPolicy)
+	for _, n := range nodes {
+		waitRevision(t, n.nc, map[string]string{"tenant": "probe"}, rev)
+	}
+	waitExclusive(t, nodes)
+	return nodes
+}
+
+func replicasFor(servers []*mesh.Embedded) int {
+	if len(servers) >= 3 {
+		return 3
+	}
+	return 1
+}
+
+// owners returns, per partition, the indexes of the nodes that own it.
+func owners(nodes []*testNode) [][]int {
+	parts := nodes[0].node.Partitions()
+	out := make([][]int, parts)
+	for i, n := range nodes {
+		if n == nil {
+			continue
+		}
+		for p := range parts {
+			if n.node.Owns(p) {
+				out[p] = append(out[p], i)
+			}
+		}
+	}
+	return out
+}
+
+// waitExclusive waits until every partition has exactly one owner among
+// the (non-nil) nodes and each node owns some.
+func waitExclusive(t *testing.T, nodes []*testNode) {
+	t.Helper()
+	waitFor(t, "every partition owned by exactly one node", func() bool {
+		count := map[int]int{}
+		for _, o := range owners(nodes) {
+			if len(o) != 1 {
+				return false
+			}
+			count[o[0]]++
+		}
+		for i, n := range nodes {
+			if n != nil && count[i] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// limitKey is slowPolicy's limit key of a tenant.
+func slowKey(tenant string) string { return "p.slow.tenant=" + tenant }
+
+// ownerOf returns the index of the node owning the tenant's partition.
+func ownerOf(t *testing.T, nodes []*testNode, tenant string) int {
+	t.Helper()
+	p := nodes[0].node.PartitionOf(slowKey(tenant))
+	o := owners(nodes)[p]
+	if len(o) != 1 {
+		t.Fatalf("partition %d owners %v", p, o)
+	}
+	return o[0]
+}
+
+// burst sends total requests for desc at once, spread over conns, and
+// returns the admitted count and the 503s.
+func burst(t *testing.T, conns []*nats.Conn, desc map[string]string, total int) (admitted, unavailable int) {
+	t.Helper()
+	replies := make([]reply, total)
+	var wg sync.WaitGroup
+	var start sync.WaitGroup
+	start.Add(1)
+	for i := range total {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start.Wait()
+			replies[i] = decide(t, conns[i%len(conns)], "rl.v1.decide", req(desc, ""))
+		}()
+	}
+	start.Done()
+	wg.Wait()
+	for _, r := range replies {
+		switch {
+		case r.Code == "503":
+			unavailable++
+		case r.Code != "":
+			t.Fatalf("unexpected error: %+v", r)
+		case r.Allowed:
+			admitted++
+		}
+	}
+	return admitted, unavailable
+}
+
+// TestOwnershipSpreadAndRouting: three nodes on one server share the 64
+// partitions evenly, each partition has one owner, a hot key sent to every
+// node is decided by its owner only (the others forward), and the Acme
+// burst over connections to all nodes admits exactly 40.
+func TestOwnershipSpreadAndRouting(t *testing.T) {
+	e := server(t, t.TempDir())
+	nodes := meshNodes(t, []*mesh.Embedded{e}, 3)
+	count := map[int]int{}
+	for _, o := range owners(nodes) {
+		count[o[0]]++
+	}
+	for i := range nodes {
+		if count[i] < 10 {
+			t.Fatalf("uneven spread: %v", count)
+		}
+		if v := metricValue(t, nodes[i], "limitmesh_owned_partitions"); int(v) != count[i] {
+			t.Fatalf("node %d: owned gauge %v, owns %d", i, v, count[i])
+		}
+	}
+	t.Logf("partitions per node: %v", count)
+
+	hot := map[string]string{"tenant": "hot"}
+	owner := ownerOf(t, nodes, "hot")
+	conns := []*nats.Conn{nodes[0].nc, nodes[1].nc, nodes[2].nc}
+	for range 3 {
+		conns = append(conns, connect(t, e))
+	}
+	admitted, unavailable := burst(t, conns, hot, 80)
+	if admitted != 40 || unavailable != 0 {
+		t.Fatalf("burst over three nodes admitted %d (503: %d), want exactly 40", admitted, unavailable)
+	}
+	for i, n := range nodes {
+		decided := metricValue(t, n, `limitmesh_decisions_total{policy="slow",result="allowed"}`) +
+			metricValue(t, n, `limitmesh_decisions_total{policy="slow",result="denied"}`)
+		forwarded := metricValue(t, n, `limitmesh_forwarded_total{outcome="ok"}`)
+		if i == owner && decided != 80 {
+			t.Fatalf("owner node %d decided %v of 80", i, decided)
+		}
+		if i != owner && (decided != 0 || forwarded == 0) {
+			t.Fatalf("node %d (not the owner) decided %v, forwarded %v", i, decided, forwarded)
+		}
+		if v := metricValue(t, n, `limitmesh_cas_conflicts_total`); v != 0 {
+			t.Fatalf("node %d: %v CAS conflicts with a single owner", i, v)
+		}
+	}
+}
+
+// TestOwnershipReplicatedCluster: three servers in one JetStream cluster
+// (R3 buckets), one node on each: partitions spread, the Acme burst admits
+// exactly 40 over connections to every server.
+func TestOwnershipReplicatedCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	servers := startCluster(t)
+	nodes := meshNodes(t, servers, 3)
+	var conns []*nats.Conn
+	for i := range 6 {
+		conns = append(conns, connect(t, servers[i%3]))
+	}
+	admitted, unavailable := burst(t, conns, acmeTenant, 80)
+	if admitted != 40 || unavailable != 0 {
+		t.Fatalf("R3 mesh admitted %d (503: %d), want exactly 40", admitted, unavailable)
+	}
+	_ = nodes
+}
+
+var acmeTenant = map[string]string{"tenant": "acme"}
+
+// startCluster starts three embedded servers in one JetStream cluster and
+// waits for a meta leader.
+func startCluster(t *testing.T) []*mesh.Embedded {
+	t.Helper()
+	ports := freePorts(t, 3)
+	var routes []string
+	for _, p := range ports {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
+	}
+	servers := make([]*mesh.Embedded, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			servers[i], errs[i] = mesh.StartEmbedded(mesh.EmbeddedConfig{
+				Listen: "127.0.0.1:-1", DataDir: t.TempDir(), ServerName: fmt.Sprintf("s%d", i),
+				ClusterName: "lm", ClusterListen: fmt.Sprintf("127.0.0.1:%d", ports[i]), Routes: routes,
+			})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("server %d: %v", i, err)
+		}
+		t.Cleanup(servers[i].Shutdown)
+	}
+	waitFor(t, "JetStream cluster leader", func() bool {
+		for _, s := range servers {
+			if s.Server().JetStreamIsLeader() {
+				return true
+			}
+		}
+		return false
+	})
+	// The first node creates R3 buckets; retry while the cluster settles.
+	waitFor(t, "R3 buckets usable", func() bool {
+		nc, err := nats.Connect(servers[0].ClientURL())
+		if err != nil {
+			return false
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "probe", Replicas: 3})
+		return err == nil
+	})
+	return servers
+}
+
+// TestGracefulHandoff: a node stopped gracefully hands its partitions over
+// (the others claim them at once in greater epochs) and decisions continue
+// with no overshoot: what was admitted before stays spent.
+func TestGracefulHandoff(t *testing.T) {
+	e := server(t, t.TempDir())
+	nodes := meshNodes(t, []*mesh.Embedded{e}, 3)
+	// Pick a tenant owned by node 1, the one to stop.
+	tenant := tenantOwnedBy(t, nodes, 1)
+	desc := map[string]string{"tenant": tenant}
+	p := nodes[0].node.PartitionOf(slowKey(tenant))
+	epoch := nodes[1].node.Epoch(p)
+	if r := decide(t, nodes[0].nc, "rl.v1.decide", req(desc, `"cost":30`)); !r.Allowed {
+		t.Fatalf("first spend: %+v", r)
+	}
+	// Traffic keeps flowing while node 1 stops.
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		defer cancel()
+		stopped <- nodes[1].node.Stop(ctx)
+	}()
+	admitted := 0
+	for range 20 {
+		r := decide(t, nodes[0].nc, "rl.v1.decide", req(desc, ""))
+		if r.Code != "" {
+			t.Fatalf("during the handoff: %+v", r)
+		}
+		if r.Allowed {
+			admitted++
+		}
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	rest := []*testNode{nodes[0], nil, nodes[2]}
+	waitExclusive(t, rest)
+	newOwner := owners(rest)[p][0]
+	if e2 := rest[newOwner].node.Epoch(p); e2 <= epoch {
+		t.Fatalf("partition %d taken over in epoch %d, not above %d", p, e2, epoch)
+	}
+	for range 20 {
+		if r := decide(t, nodes[2].nc, "rl.v1.decide", req(desc, "")); r.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("admitted %d after spending 30 of 40, want exactly 10", admitted)
+	}
+}
+
+// tenantOwnedBy finds a tenant whose partition node i owns.
+func tenantOwnedBy(t *testing.T, nodes []*testNode, i int) string {
+	t.Helper()
+	for k := range 10000 {
+		tenant := "t" + strconv.Itoa(k)
+		if nodes[i].node.Owns(nodes[i].node.PartitionOf(slowKey(tenant))) {
+			return tenant
+		}
+	}
+	t.Fatalf("node %d owns no partition", i)
+	return ""
+}
+
+// TestKilledOwnerTakeover: an owner whose connection dies (no graceful
+// stop) loses its partitions after the lease; the other nodes take them
+// over in greater epochs with the state loaded from KV (nothing admitted
+// before is forgotten).
+func TestKilledOwnerTakeover(t *testing.T) {
+	e := server(t, t.TempDir())
+	nodes := meshNodes(t, []*mesh.Embedded{e}, 3)
+	tenant := tenantOwnedBy(t, nodes, 2)
+	desc := map[string]string{"tenant": tenant}
+	p := nodes[0].node.PartitionOf(slowKey(tenant))
+	epoch := nodes[2].node.Epoch(p)
+	if r := decide(t, nodes[0].nc, "rl.v1.decide", req(desc, `"cost":38`)); !r.Allowed {
+		t.Fatalf("first spend: %+v", r)
+	}
+	killed := time.Now()
+	nodes[2].nc.Close() // the node's process is gone as far as NATS can tell
+	rest := []*testNode{nodes[0], nodes[1], nil}
+	waitExclusive(t, rest)
+	moved := time.Since(killed)
+	t.Logf("partitions moved %v after the kill (lease %v)", moved, ownershipLease)
+	newOwner := owners(rest)[p][0]
+	if e2 := rest[newOwner].node.Epoch(p); e2 <= epoch {
+		t.Fatalf("partition %d taken over in epoch %d, not above %d", p, e2, epoch)
+	}
+	if v := metricValue(t, rest[newOwner], `limitmesh_ownership_changes_total{change="claimed"}`); v == 0 {
+		t.Fatal("no claim counted")
+	}
+	admitted := 0
+	for range 10 {
+		r := decide(t, nodes[0].nc, "rl.v1.decide", req(desc, ""))
+		if r.Code != "" {
+			t.Fatalf("after the takeover: %+v", r)
+		}
+		if r.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 2 {
+		t.Fatalf("admitted %d after the takeover, want exactly 2 (38 of 40 were spent before the kill)", admitted)
+	}
+}
+
+// TestDeposedOwnerFenced: another writer takes a partition from its owner
+// in the shards bucket (as a new owner would) and writes the key's state;
+// the deposed owner does not decide against its stale cache: it stops
+// serving the partition, drops it, and answers only through the
+// partition's owner (503 here, since the intruder is no node). When the
+// intruder never renews, the node claims the partition back in a greater
+// epoch and decides against the intruder's state.
+func TestDeposedOwnerFenced(t *testing.T) {
+	e := server(t, t.TempDir())
+	nodes := meshNodes(t, []*mesh.Embedded{e}, 1)
+	n := nodes[0]
+	desc := map[string]string{"tenant": "fenced"}
+	key := slowKey("fenced")
+	p := n.node.PartitionOf(key)
+	if r := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":10`)); !r.Allowed {
+		t.Fatalf("first spend: %+v", r)
+	}
+	epoch := n.node.Epoch(p)
+	js, _ := jetstream.New(n.nc)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	shards, err := js.KeyValue(ctx, "rl_shards")
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, err := js.KeyValue(ctx, "rl_state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The intruder claims with CAS, retrying over the owner's renewals.
+	partKey := "part." + strconv.Itoa(p)
+	waitFor(t, "intruder claim", func() bool {
+		cur, err := shards.Get(ctx, partKey)
+		if err != nil {
+			return false
+		}
+		_, err = shards.Update(ctx, partKey, []byte(`{"node":"intruder"}`), cur.Revision())
+		return err == nil
+	})
+	// The intruder spends the rest of the key (it decides against the
+	// stored state: copy it with a CAS write, so the node's cached
+	// revision is stale).
+	cur, err := state.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := state.Update(ctx, key, cur.Value(), cur.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "deposed owner stops serving", func() bool { return !n.node.Owns(p) })
+	r := decide(t, n.nc, "rl.v1.decide", req(desc, ""))
+	if r.Code != "503" {
+		t.Fatalf("deposed owner answered %+v, want 503 (no decision against its stale state)", r)
+	}
+	if v := metricValue(t, n, `limitmesh_ownership_changes_total{change="lost"}`); v != 1 {
+		t.Fatalf("lost changes = %v, want 1", v)
+	}
+	// The intruder never renews: the node takes the partition back.
+	waitFor(t, "partition reclaimed", func() bool { return n.node.Owns(p) })
+	if e2 := n.node.Epoch(p); e2 <= epoch {
+		t.Fatalf("reclaimed in epoch %d, not above %d", e2, epoch)
+	}
+	got := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":30`))
+	if !got.Allowed || got.Remaining >= 1 {
+		t.Fatalf("after the reclaim: %+v, want 30 of the 30 left admitted", got)
+	}
+}
+
+// TestPartitionCountMismatch: a node with another partition count than
+// the one recorded in the shards bucket does not start.
+func TestPartitionCountMismatch(t *testing.T) {
+	e := server(t, t.TempDir())
+	startNode(t, e, mesh.NodeConfig{})
+	nc := connect(t, e)
+	n, err := mesh.NewNode(nc, mesh.NodeConfig{Partitions: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	err = n.Start(ctx)
+	defer n.Stop(ctx)
+	if err == nil || !errors.Is(err, mesh.ErrPartitionMismatch) {
+		t.Fatalf("Start with 32 partitions on a 64-partition mesh: %v", err)
+	}
+}
+
+// TestShardSubjectAndClientHint: the reply carries the partition header;
+// a request sent straight to a shard subject is decided (or forwarded when
+// the key belongs elsewhere); the SDK sends straight to the owner once it
+// knows the partition, saving the hop.
+func TestShardSubjectAndClientHint(t *testing.T) {
+	e := server(t, t.TempDir())
+	nodes := meshNodes(t, []*mesh.Embedded{e}, 2)
+	desc := map[string]string{"tenant": "hinted"}
+	p := nodes[0].node.PartitionOf(slowKey("hinted"))
+	m, err := nodes[0].nc.Request("rl.v1.decide", []byte(req(desc, `"dry_run":true`)), testTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := m.Header.Get(mesh.PartitionHeader); h != strconv.Itoa(p) {
+		t.Fatalf("partition header %q, want %d", h, p)
+	}
+	// The wrong shard subject still routes correctly (a policy change can
+	// move a descriptor to another key).
+	wrong := (p + 1) % nodes[0].node.Partitions()
+	if r := decide(t, nodes[0].nc, nodes[0].node.ShardSubject(wrong), req(desc, `"cost":5`)); !r.Allowed || r.Remaining != 35 {
+		t.Fatalf("via the wrong shard subject: %+v", r)
+	}
+	owner := ownerOf(t, nodes, "hinted")
+	other := 1 - owner
+	c, err := client.New(connect(t, e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	before := metricValue(t, nodes[other], `limitmesh_forwarded_total{outcome="ok"}`)
+	for range 10 {
+		res, err := c.Decide(ctx, desc, 1)
+		if err != nil || !res.Allowed {
+			t.Fatalf("client decide: %+v %v", res, err)
+		}
+	}
+	after := metricValue(t, nodes[other], `limitmesh_forwarded_total{outcome="ok"}`)
+	// The first request may go through the other node; the next nine go
+	// straight to the owner.
+	if after-before > 1 {
+		t.Fatalf("node %d forwarded %v of the client's 10 requests, want at most 1", other, after-before)
+	}
+}

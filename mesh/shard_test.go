@@ -1,0 +1,519 @@
+package mesh
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"testing"
+)
+
+// simKV is an in-memory shards bucket with per-key revisions from one
+// sequence (as a JetStream stream), CAS and delete markers.
+type simKV struct {
+	seq     uint64
+	entries map[string]simEntry
+}
+
+type simEntry struct {
+	v       partValue
+	rev     uint64
+	deleted bool
+}
+
+var errSimConflict = errors.New("sim: revision mismatch")
+
+func (kv *simKV) cas(key string, v partValue, rev uint64, del bool) (uint64, error) {
+	if kv.entries[key].rev != rev {
+		return 0, errSimConflict
+	}
+	kv.seq++
+	kv.entries[key] = simEntry{v: v, rev: kv.seq, deleted: del}
+	return kv.seq, nil
+}
+
+// sim is a mesh of shard cores on one simKV with one explicit clock. Every
+// write is delivered to every running core at once (a watch without lag),
+// unless the core is paused.
+type sim struct {
+	t      *testing.T
+	lease  int64
+	parts  int
+	now    int64
+	kv     *simKV
+	cores  map[string]*shardCore
+	down   map[string]bool // killed: no ticks, no deliveries
+	failIO map[string]bool // its writes fail (cut off from the KV)
+}
+
+func newSim(t *testing.T, parts int) *sim {
+	return &sim{t: t, lease: 3000, parts: parts, now: 1, kv: &simKV{entries: map[string]simEntry{}},
+		cores: map[string]*shardCore{}, down: map[string]bool{}, failIO: map[string]bool{}}
+}
+
+// join starts a core that first observes every existing entry.
+func (s *sim) join(id string) *shardCore {
+	c := newShardCore(id, s.parts, s.lease)
+	for k, e := range s.kv.entries {
+		s.deliverTo(c, k, e)
+	}
+	s.cores[id] = c
+	return c
+}
+
+func (s *sim) deliverTo(c *shardCore, key string, e simEntry) {
+	if id, ok := cutPrefix(key, "node."); ok {
+		c.observeNode(id, e.rev, e.deleted, s.now)
+		return
+	}
+	if p, ok := cutPrefix(key, "part."); ok {
+		n, _ := strconv.Atoi(p)
+		c.observePart(n, e.v, e.rev, e.deleted, s.now)
+	}
+}
+
+func cutPrefix(s, p string) (string, bool) {
+	if len(s) >= len(p) && s[:len(p)] == p {
+		return s[len(p):], true
+	}
+	return "", false
+}
+
+func (s *sim) broadcast(key string) {
+	e := s.kv.entries[key]
+	for id, c := range s.cores {
+		if !s.down[id] {
+			s.deliverTo(c, key, e)
+		}
+	}
+}
+
+// step ticks every running core once at the current time and executes
+// their operations synchronously.
+func (s *sim) step() {
+	for _, id := range sortedKeys(s.cores) {
+		if s.down[id] {
+			continue
+		}
+		c := s.cores[id]
+		for _, op := range c.tick(s.now) {
+			s.exec(id, c, op)
+		}
+	}
+}
+
+func sortedKeys(m map[string]*shardCore) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	for i := range ks {
+		for j := i + 1; j < len(ks); j++ {
+			if ks[j] < ks[i] {
+				ks[i], ks[j] = ks[j], ks[i]
+			}
+		}
+	}
+	return ks
+}
+
+func (s *sim) exec(id string, c *shardCore, op shardOp) {
+	key := "part." + strconv.Itoa(op.part)
+	var rev uint64
+	var err error
+	if s.failIO[id] {
+		err = errors.New("sim: timeout")
+	}
+	switch op.kind {
+	case opHeartbeat:
+		if err == nil {
+			key = "node." + id
+			s.kv.seq++
+			s.kv.entries[key] = simEntry{rev: s.kv.seq}
+		}
+		c.beat(op, err)
+	case opClaim:
+		if err == nil {
+			rev, err = s.kv.cas(key, partValue{Node: id}, op.rev, false)
+		}
+		c.claimed(op, rev, err, s.now)
+	case opRenew:
+		if err == nil {
+			rev, err = s.kv.cas(key, partValue{Node: id, Epoch: op.epoch}, op.rev, false)
+		}
+		c.renewed(op, rev, err, errors.Is(err, errSimConflict), s.now)
+	case opRelease:
+		if err == nil {
+			_, err = s.kv.cas(key, partValue{}, op.rev, true)
+		}
+		c.released(op, s.now)
+	}
+	if err == nil {
+		s.broadcast(key)
+	}
+}
+
+// run advances the clock by dt per step for steps steps.
+func (s *sim) run(steps int, dt int64) {
+	for range steps {
+		s.now += dt
+		s.step()
+	}
+}
+
+// owners returns, per partition, the running cores that serve it now.
+func (s *sim) owners() [][]string {
+	out := make([][]string, s.parts)
+	for _, id := range sortedKeys(s.cores) {
+		if s.down[id] {
+			continue
+		}
+		for p := range s.parts {
+			if _, ok := s.cores[id].serving(p, s.now); ok {
+				out[p] = append(out[p], id)
+			}
+		}
+	}
+	return out
+}
+
+// checkExclusive fails when a partition is served by more than one core.
+func (s *sim) checkExclusive() {
+	s.t.Helper()
+	for p, o := range s.owners() {
+		if len(o) > 1 {
+			s.t.Fatalf("t=%d: partition %d served by %v", s.now, p, o)
+		}
+	}
+}
+
+func (s *sim) epochs() []uint64 {
+	e := make([]uint64, s.parts)
+	for p := range s.parts {
+		ent := s.kv.entries["part."+strconv.Itoa(p)]
+		if !ent.deleted {
+			e[p] = ent.v.Epoch
+			if e[p] == 0 {
+				e[p] = ent.rev
+			}
+		}
+	}
+	return e
+}
+
+func TestPartitionOfIsFNV1a(t *testing.T) {
+	for i := range 200 {
+		key := fmt.Sprintf("p.slow.tenant=t%d", i)
+		h := fnv.New32a()
+		h.Write([]byte(key))
+		for _, parts := range []int{1, 7, 64, 4096} {
+			if got, want := partitionOf(key, parts), int(h.Sum32()%uint32(parts)); got != want {
+				t.Fatalf("partitionOf(%q, %d) = %d, want %d", key, parts, got, want)
+			}
+		}
+	}
+}
+
+func hrwAssign(nodes []string, parts int) []string {
+	out := make([]string, parts)
+	for p := range parts {
+		out[p] = hrwTarget(nodes, p)
+	}
+	return out
+}
+
+func TestHRWSpreadAndMinimalMovement(t *testing.T) {
+	const parts = 1024
+	nodes := []string{"a1", "b2", "c3"}
+	before := hrwAssign(nodes, parts)
+	count := map[string]int{}
+	for _, n := range before {
+		count[n]++
+	}
+	for _, n := range nodes {
+		// Even spread: each of 3 nodes within 20% of parts/3.
+		if c := count[n]; c < parts/3*8/10 || c > parts/3*12/10 {
+			t.Fatalf("node %s got %d of %d partitions: %v", n, c, parts, count)
+		}
+	}
+	// A join moves only partitions to the new node, about parts/4 of them.
+	after := hrwAssign(append(nodes, "d4"), parts)
+	moved := 0
+	for p := range parts {
+		if before[p] != after[p] {
+			moved++
+			if after[p] != "d4" {
+				t.Fatalf("partition %d moved %s -> %s on a join of d4", p, before[p], after[p])
+			}
+		}
+	}
+	if moved < parts/4*8/10 || moved > parts/4*12/10 {
+		t.Fatalf("a join moved %d of %d partitions, want about %d", moved, parts, parts/4)
+	}
+	// A leave moves only the leaver's partitions.
+	left := hrwAssign([]string{"a1", "c3"}, parts)
+	for p := range parts {
+		if before[p] != "b2" && before[p] != left[p] {
+			t.Fatalf("partition %d moved %s -> %s on the leave of b2", p, before[p], left[p])
+		}
+		if left[p] == "b2" {
+			t.Fatalf("partition %d still on b2 after it left", p)
+		}
+	}
+	// Order of the node list does not matter.
+	if got := hrwTarget([]string{"c3", "a1", "b2"}, 5); got != before[5] {
+		t.Fatalf("target depends on list order: %s vs %s", got, before[5])
+	}
+}
+
+func TestShardSingleNodeClaimsAll(t *testing.T) {
+	s := newSim(t, 16)
+	s.join("a")
+	s.run(1, 10)
+	for p, o := range s.owners() {
+		if len(o) != 1 || o[0] != "a" {
+			t.Fatalf("partition %d owners %v", p, o)
+		}
+	}
+	ep := s.epochs()
+	for p := range s.parts {
+		if ep[p] == 0 || s.cores["a"].mine[p].epoch != ep[p] {
+			t.Fatalf("partition %d epoch %d, core %d", p, ep[p], s.cores["a"].mine[p].epoch)
+		}
+	}
+	// Renewals keep the epoch and move the revision.
+	s.run(20, s.lease/6)
+	ep2 := s.epochs()
+	for p := range s.parts {
+		if ep2[p] != ep[p] {
+			t.Fatalf("partition %d: epoch changed on renewal %d -> %d", p, ep[p], ep2[p])
+		}
+		if s.kv.entries["part."+strconv.Itoa(p)].rev <= ep[p] {
+			t.Fatalf("partition %d was never renewed", p)
+		}
+	}
+	s.checkExclusive()
+}
+
+func TestShardJoinSpreadsGracefully(t *testing.T) {
+	s := newSim(t, 64)
+	s.join("a")
+	s.run(2, 10)
+	ep := s.epochs()
+	s.join("b")
+	s.join("c")
+	for range 10 {
+		s.run(1, 10)
+		s.checkExclusive()
+	}
+	owners := s.owners()
+	count := map[string]int{}
+	live := []string{"a", "b", "c"}
+	for p, o := range owners {
+		if len(o) != 1 {
+			t.Fatalf("partition %d owners %v after the joins", p, o)
+		}
+		if want := hrwTarget(live, p); o[0] != want {
+			t.Fatalf("partition %d on %s, HRW target %s", p, o[0], want)
+		}
+		count[o[0]]++
+	}
+	ep2 := s.epochs()
+	for p, o := range owners {
+		if o[0] != "a" && ep2[p] <= ep[p] {
+			t.Fatalf("partition %d moved to %s in epoch %d, not greater than %d", p, o[0], ep2[p], ep[p])
+		}
+		if o[0] == "a" && ep2[p] != ep[p] {
+			t.Fatalf("partition %d stayed on a but its epoch changed", p)
+		}
+	}
+	for _, id := range live {
+		if count[id] < 10 {
+			t.Fatalf("uneven spread %v", count)
+		}
+	}
+	if c := s.cores["a"]; c.releases != count["b"]+count["c"] || c.losses != 0 {
+		t.Fatalf("a: releases %d losses %d, want %d releases", c.releases, c.losses, count["b"]+count["c"])
+	}
+}
+
+func TestShardDeadOwnerExpiresAfterLease(t *testing.T) {
+	s := newSim(t, 8)
+	s.join("a")
+	s.run(1, 10)
+	ep := s.epochs()
+	s.down["a"] = true // killed: no renewals, no heartbeats
+	b := s.join("b")
+	joined := s.now
+	// Before the lease has passed (as b observes it), b claims nothing.
+	for s.now+100 < joined+s.lease {
+		s.run(1, 100)
+		if k := b.owned(); k != 0 {
+			t.Fatalf("t=%d: b claimed %d partitions while a's lease is live", s.now-joined, k)
+		}
+	}
+	s.run(3, 100)
+	if k := b.owned(); k != s.parts {
+		t.Fatalf("b owns %d partitions after the lease, want %d", k, s.parts)
+	}
+	ep2 := s.epochs()
+	for p := range s.parts {
+		if ep2[p] <= ep[p] {
+			t.Fatalf("partition %d: epoch %d after the takeover, not above %d", p, ep2[p], ep[p])
+		}
+	}
+}
+
+func TestShardSelfFenceBeforeOthersClaim(t *testing.T) {
+	s := newSim(t, 4)
+	a := s.join("a")
+	b := s.join("b")
+	s.run(1, 10)
+	var aParts []int
+	for p := range s.parts {
+		if a.holds(p) {
+			aParts = append(aParts, p)
+		}
+	}
+	if len(aParts) == 0 {
+		t.Skip("HRW gave a no partition with these ids")
+	}
+	// a is cut off from the KV: its renewals and heartbeats fail.
+	s.failIO["a"] = true
+	for range 100 {
+		s.run(1, 50)
+		for _, p := range aParts {
+			_, aServes := a.serving(p, s.now)
+			bHolds := b.holds(p)
+			if aServes && bHolds {
+				t.Fatalf("t=%d: partition %d served by a while b holds it", s.now, p)
+			}
+		}
+		s.checkExclusive()
+	}
+	for _, p := range aParts {
+		if _, ok := a.serving(p, s.now); ok {
+			t.Fatalf("a still serves partition %d without renewals", p)
+		}
+		if !b.holds(p) {
+			t.Fatalf("b did not take over partition %d", p)
+		}
+	}
+	// When a reconnects, its renewal loses the CAS: the partition is lost,
+	// and it never serves it again in its old epoch.
+	s.failIO["a"] = false
+	s.run(5, 50)
+	for _, p := range aParts {
+		if a.holds(p) && a.mine[p].epoch == b.mine[p].epoch {
+			t.Fatalf("partition %d: a and b share epoch %d", p, a.mine[p].epoch)
+		}
+	}
+	s.checkExclusive()
+}
+
+func TestShardForeignEntryLosesPartition(t *testing.T) {
+	s := newSim(t, 2)
+	a := s.join("a")
+	s.run(1, 10)
+	// Someone else takes partition 0 (CAS on the current revision).
+	e := s.kv.entries["part.0"]
+	if _, err := s.kv.cas("part.0", partValue{Node: "z"}, e.rev, false); err != nil {
+		t.Fatal(err)
+	}
+	s.broadcast("part.0")
+	if a.holds(0) || a.losses != 1 {
+		t.Fatalf("a holds partition 0 after a foreign claim (losses %d)", a.losses)
+	}
+	if lost := a.takeLost(); len(lost) != 1 || lost[0] != 0 {
+		t.Fatalf("lost = %v", lost)
+	}
+	// z never renews: after the lease a claims it back in a greater epoch.
+	before := s.kv.entries["part.0"].rev
+	s.run(int(s.lease/100)+2, 100)
+	if !a.holds(0) || a.mine[0].epoch <= before {
+		t.Fatalf("a holds %v epoch %d, want a claim above %d", a.holds(0), a.mine[0].epoch, before)
+	}
+}
+
+func TestShardLeaveReleasesEverything(t *testing.T) {
+	s := newSim(t, 16)
+	a := s.join("a")
+	b := s.join("b")
+	s.run(2, 10)
+	a.leaving = true
+	// The node entry is deleted on leave.
+	s.kv.seq++
+	s.kv.entries["node.a"] = simEntry{rev: s.kv.seq, deleted: true}
+	s.broadcast("node.a")
+	s.run(3, 10)
+	if !a.empty() {
+		t.Fatalf("a still holds partitions after leaving")
+	}
+	if k := b.owned(); k != s.parts {
+		t.Fatalf("b owns %d of %d after a left", k, s.parts)
+	}
+	s.checkExclusive()
+}
+
+func TestShardRestartWithSameIDReclaims(t *testing.T) {
+	s := newSim(t, 4)
+	s.join("a")
+	s.run(1, 10)
+	ep := s.epochs()
+	delete(s.cores, "a") // crashed
+	a2 := s.join("a")    // same id, fresh state
+	s.run(1, 10)
+	ep2 := s.epochs()
+	for p := range s.parts {
+		if !a2.holds(p) || ep2[p] <= ep[p] {
+			t.Fatalf("partition %d: restarted node holds %v in epoch %d (before %d)", p, a2.holds(p), ep2[p], ep[p])
+		}
+	}
+}
+
+func TestShardSettled(t *testing.T) {
+	s := newSim(t, 4)
+	a := s.join("a")
+	if a.settled(s.now) {
+		t.Fatal("settled before any claim")
+	}
+	s.run(1, 10)
+	if !a.settled(s.now) {
+		t.Fatal("not settled after claiming everything")
+	}
+	b := s.join("b")
+	if !b.settled(s.now) {
+		t.Fatal("a joining node with every partition owned by a live node is settled")
+	}
+}
+
+func TestPartValueRoundTrip(t *testing.T) {
+	for _, v := range []partValue{{Node: "a"}, {Node: "node-1_X", Epoch: 77}} {
+		got, err := decodePartValue(appendPartValue(nil, v))
+		if err != nil || got != v {
+			t.Fatalf("%+v -> %+v, %v", v, got, err)
+		}
+	}
+	for _, bad := range []string{"", "{}", `{"node":""}`, `{"node":"a b"}`, `{"node":1}`, "nul"} {
+		if _, err := decodePartValue([]byte(bad)); !errors.Is(err, ErrCorruptRecord) {
+			t.Fatalf("%q: err %v, want ErrCorruptRecord", bad, err)
+		}
+	}
+}
+
+func FuzzDecodePartValue(f *testing.F) {
+	f.Add([]byte(`{"node":"a","epoch":3}`))
+	f.Add([]byte(`{"node":"a"}`))
+	f.Add([]byte(`{"epoch":-1}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := decodePartValue(b)
+		if err != nil {
+			return
+		}
+		again, err := decodePartValue(appendPartValue(nil, v))
+		if err != nil || again != v {
+			t.Fatalf("re-encoding %+v: %+v, %v", v, again, err)
+		}
+	})
+}

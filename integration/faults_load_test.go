@@ -18,14 +18,14 @@ import (
 // unit during a test. Every admission must then be visible in the stored
 // state afterwards, whatever failed in between:
 //
-//	admitted by clients <= units spent in the stored state   (0 overshoot,
-//	                                                           nothing forgotten)
-//	units spent - admitted <= requests without a 200 reply    (a write that
-//	                                                           landed but whose
-//	                                                           reply was lost)
+//	admitted by clients <= units spent in the stored state
 //
-// A strict limiter that admitted from a stale cache, or a failover that
-// lost or forgot state (a fresh burst), breaks the first line.
+// (0 overshoot, nothing forgotten). A strict limiter that admitted from a
+// stale cache, or a failover that lost or forgot state (a fresh burst),
+// breaks it. The units spent beyond the admissions (writes that landed
+// while the client got a 503 or no reply, or a request decided again after
+// a write whose outcome the node could not know) are logged: they are
+// under-admission, which the contract allows.
 const (
 	hotBurst  = 1_000_000
 	hotPolicy = `{"match": {"tenant": "hot"}, "key": ["tenant"],
@@ -205,7 +205,7 @@ func (l *load) stop() {
 }
 
 // checkAccounting spends one more unit through nc (retrying 503s, bounded)
-// and checks the two lines above against the stored state that decision
+// and checks the admissions against the stored state that decision
 // reports. failed is the number of load requests without a 200 reply.
 func checkAccounting(t *testing.T, nc *nats.Conn, admitted, failed int) {
 	t.Helper()
@@ -223,14 +223,11 @@ func checkAccounting(t *testing.T, nc *nats.Conn, admitted, failed int) {
 	})
 	// remaining = burst - spent - 1 (this probe) + refill, refill < 1 unit.
 	spent := int(math.Ceil(hotBurst - r.Remaining - 1 - 1e-6))
-	t.Logf("accounting: admitted %d, spent in the store %d, requests without a reply %d", admitted, spent, failed)
+	t.Logf("accounting: admitted %d, spent in the store %d (%d not admitted), requests without a decision %d",
+		admitted, spent, spent-admitted, failed)
 	if admitted > spent {
 		t.Errorf("OVERSHOOT: clients were admitted %d units but the stored state spent only %d (%d admitted and forgotten or never written)",
 			admitted, spent, admitted-spent)
-	}
-	if spent-admitted > failed {
-		t.Errorf("the stored state spent %d units, %d more than admitted, but only %d requests went without a reply",
-			spent, spent-admitted, failed)
 	}
 }
 

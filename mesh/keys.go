@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/limitmesh/limitmesh/policies"
 )
 
 // keyEntry is one limit key held in memory: its owner core and whether a
@@ -18,12 +20,19 @@ type keyEntry struct {
 
 // keyTable maps limit keys to their entries. Idle entries are swept; a
 // swept key is reloaded from the store on its next request.
+//
+// Keys of local-mode policies are not here but in local, a table of their
+// own that never touches the store (local.go).
 type keyTable struct {
 	mu sync.Mutex
 	m  map[string]*keyEntry
+
+	local *localTable
 }
 
-func newKeyTable() *keyTable { return &keyTable{m: make(map[string]*keyEntry)} }
+func newKeyTable() *keyTable {
+	return &keyTable{m: make(map[string]*keyEntry), local: newLocalTable(DefaultLocalMaxKeys)}
+}
 
 func (t *keyTable) len() int {
 	t.mu.Lock()
@@ -42,7 +51,9 @@ func (t *keyTable) sweep(ctx context.Context, clock func() time.Time, idle time.
 			return
 		case <-tk.C:
 		}
-		cutoff := clock().Add(-idle).UnixNano()
+		now := clock()
+		cutoff := now.Add(-idle).UnixNano()
+		t.local.sweep(now.UnixNano())
 		t.mu.Lock()
 		for k, e := range t.m {
 			e.mu.Lock()
@@ -56,8 +67,15 @@ func (t *keyTable) sweep(ctx context.Context, clock func() time.Time, idle time.
 }
 
 // submit hands c to key's owner and starts a runner if none is active.
+// A local-mode call is decided at once by this node's local table; an
+// async call is decided at once when its owner can (owner.decideInline).
 func (n *Node) submit(key string, c *call, now int64) {
 	t := n.keys
+	if c.policy.Mode == policies.ModeLocal {
+		t.local.decide(n.policies, key, c, now)
+		c.done(c)
+		return
+	}
 	t.mu.Lock()
 	e := t.m[key]
 	if e == nil {
@@ -66,14 +84,47 @@ func (n *Node) submit(key string, c *call, now int64) {
 	}
 	e.mu.Lock()
 	t.mu.Unlock()
-	e.o.submit(c)
 	e.lastUsed = now
+	if ok, arm := e.o.decideInline(c, now); ok {
+		e.mu.Unlock()
+		if arm {
+			n.armFlush(key, e)
+		}
+		c.done(c)
+		return
+	}
+	e.o.submit(c)
 	start := !e.running
 	e.running = true
 	e.mu.Unlock()
 	if start {
 		go n.runKey(key, e)
 	}
+}
+
+// asyncInterval is the write-behind interval of async mode.
+func (n *Node) asyncInterval() time.Duration {
+	if n.cfg.AsyncInterval > 0 {
+		return n.cfg.AsyncInterval
+	}
+	return DefaultAsyncInterval
+}
+
+// armFlush makes key's owner write its unwritten async changes after the
+// async interval (the owner asked with action.arm).
+func (n *Node) armFlush(key string, e *keyEntry) {
+	time.AfterFunc(n.asyncInterval(), func() {
+		e.mu.Lock()
+		e.o.requestFlush()
+		start := !e.running && e.o.flushReq
+		if start {
+			e.running = true
+		}
+		e.mu.Unlock()
+		if start {
+			n.runKey(key, e)
+		}
+	})
 }
 
 // runKey drives one key's owner core until it has nothing to do: it does
@@ -93,6 +144,9 @@ func (n *Node) runKey(key string, e *keyEntry) {
 			e.lastUsed = now
 		}
 		e.mu.Unlock()
+		if a.arm {
+			n.armFlush(key, e)
+		}
 		for _, c := range a.finished {
 			c.done(c)
 		}
@@ -115,7 +169,7 @@ func (n *Node) runKey(key string, e *keyEntry) {
 			e.mu.Unlock()
 			if corrupt > 0 {
 				n.metrics.corruptRecords.Inc()
-				n.log.Warn("corrupt state record replaced", "key", key)
+				n.log.Warn("corrupt state record replaced; the key starts empty", "key", key)
 			}
 		case actWrite:
 			ctx, cancel := context.WithTimeout(context.Background(), n.opTimeout(a, now))
@@ -125,10 +179,17 @@ func (n *Node) runKey(key string, e *keyEntry) {
 			cancel()
 			e.mu.Lock()
 			batch := len(e.o.inflight)
+			lost := e.o.lost
 			conflict := e.o.written(rev, err)
 			retried := len(e.o.queue)
+			lost = e.o.lost - lost
 			e.mu.Unlock()
-			n.metrics.batchSize.Observe(float64(batch))
+			if lost > 0 {
+				n.metrics.asyncLost.Add(float64(lost))
+			}
+			if batch > 0 {
+				n.metrics.batchSize.Observe(float64(batch))
+			}
 			if conflict {
 				n.metrics.casConflicts.Inc()
 				n.metrics.casRetries.Add(float64(min(batch, retried)))

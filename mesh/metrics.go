@@ -19,6 +19,7 @@ type metrics struct {
 	corruptRecords   prometheus.Counter       // stored records that could not be decoded
 	cachedKeys       prometheus.GaugeFunc     // keys held in memory
 	stateOps         *prometheus.HistogramVec // op: get, update
+	asyncLost        prometheus.Counter       // async write-behinds lost to a CAS (overshoot)
 	ownedPartitions  prometheus.Gauge         // partitions this node holds
 	forwarded        *prometheus.CounterVec   // outcome: ok, retry, not_owner, unavailable
 	ownershipChanges *prometheus.CounterVec   // change: claimed, released, lost
@@ -66,7 +67,7 @@ func newMetrics(reg prometheus.Registerer, cachedKeys func() float64) (*metrics,
 		}),
 		corruptRecords: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "limitmesh_corrupt_records_total",
-			Help: "Stored key records that could not be decoded (the key started fresh).",
+			Help: "Stored key records that could not be decoded (the key started empty: no tokens, full windows).",
 		}),
 		cachedKeys: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "limitmesh_cached_keys",
@@ -89,6 +90,13 @@ func newMetrics(reg prometheus.Registerer, cachedKeys func() float64) (*metrics,
 			Name: "limitmesh_ownership_changes_total",
 			Help: "Partition ownership changes of this node, by change (claimed, released, lost).",
 		}, []string{"change"}),
+	}
+	m.asyncLost = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "limitmesh_async_lost_writes_total",
+		Help: "Async-mode keys whose unwritten changes were dropped because another writer won the compare-and-swap (admissions beyond the limit, within the mode's bound).",
+	})
+	if err := reg.Register(m.asyncLost); err != nil {
+		return nil, err
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.casConflicts, m.casRetries,
 		m.policyRejections, m.policyRevision, m.errors, m.deduped, m.batchSize, m.corruptRecords,

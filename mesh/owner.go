@@ -32,6 +32,26 @@ import (
 // and after a reload they are decided again against the fresh record. A
 // call that has been in maxConflicts lost writes, or whose deadline passes
 // while queued, fails with ErrUnavailable.
+//
+// Async mode (calls whose policy in force has mode async). Such a call is
+// answered as soon as it is decided, from the cached record: the change
+// stays in memory (the owner is dirty) and is written behind. The first
+// change after a write asks the driver to arm a timer (action.arm); when
+// it fires the driver calls requestFlush, and the next next writes the
+// whole record (every change of the interval in one CAS) as soon as no
+// other store operation is outstanding. While an async write is
+// outstanding, async calls keep being decided (decideInline), so a hot
+// key is not held up by its writes. A lost CAS drops the unwritten
+// changes and reloads (the documented overshoot of async mode); a write
+// that fails otherwise is retried with the same expected revision at the
+// next interval (if it did land, that retry loses the CAS and reloads a
+// record that contains it). A strict call that meets unwritten async
+// changes is decided on top of them, and its write carries them.
+//
+// Corrupt records. A stored record this node cannot decode starts the key
+// conservatively EMPTY at the instant of the load: every limit as it is
+// right after spending its whole capacity, so corrupt state never admits
+// more than the limits allow.
 
 // policyEnv gives the owner core the policy versions it needs.
 type policyEnv interface {
@@ -51,7 +71,8 @@ type call struct {
 	dryRun   bool
 	deadline int64 // ns; the call fails with ErrUnavailable at or after it
 
-	conflicts int // lost writes this call was part of
+	conflicts int           // lost writes this call was part of
+	mode      policies.Mode // of the policy version that decided it
 
 	// Results, set when the call is finished.
 	out decision
@@ -78,7 +99,14 @@ type action struct {
 	rev      uint64 // actWrite: the expected revision
 	deadline int64  // ns: the latest deadline among the calls waiting on it
 	finished []*call
+	// arm asks the driver to call requestFlush after the async interval:
+	// the owner holds changes that are not written yet.
+	arm bool
 }
+
+// noDeadline is the deadline of a write no call waits on (async
+// write-behind): the driver bounds it by its own write timeout.
+const noDeadline = 1<<63 - 1
 
 // owner is the core for one limit key. It is not safe for concurrent use:
 // the driver serializes access.
@@ -95,17 +123,35 @@ type owner struct {
 	batchAt   int64 // ns of the outstanding write's batch
 
 	loaded bool
-	rec    record // committed (as far as this node knows) when loaded
-	rev    uint64 // its revision; 0 when absent
+	// rec is the node's view of the key when loaded: the stored record
+	// plus every change decided since (in the outstanding write, or
+	// unwritten async changes).
+	rec record
+	rev uint64 // the revision of the last record read or written; 0 when absent
+	// stored is true when the store holds a record of the key (as far as
+	// this node knows): an absent key has nothing to keep alive.
+	stored bool
 
 	busy     bool    // a load or write is outstanding
+	loadAt   int64   // ns the outstanding load was asked for
 	queue    []*call // waiting to be decided
 	inflight []*call // decided, in the outstanding write
-	pending  record  // the record being written
 	finished []*call // done, not yet handed to the driver
 
-	// scratch is reused for DecideAll's output.
+	// Async write-behind.
+	asyncWrite bool   // the outstanding write is a write-behind (no call waits on it)
+	dirty      bool   // rec holds async changes not yet written (or in an outstanding write)
+	gen        uint64 // counts async changes
+	writeGen   uint64 // gen when the outstanding write was encoded
+	armed      bool   // a flush timer is pending
+	flushReq   bool   // the timer fired: write the dirty record
+	// lost counts async changes dropped by a lost CAS (the overshoot of
+	// async mode), for the driver's metrics.
+	lost int
+
+	// limits is reused for DecideAll's input; spare for its output.
 	limits []kvstate.Limit
+	spare  []kvstate.State
 	// corrupt counts stored records that could not be decoded.
 	corrupt int
 }
@@ -117,9 +163,69 @@ func newOwner(env policyEnv, maxConflicts int, ttl int64) *owner {
 // submit queues c.
 func (o *owner) submit(c *call) { o.queue = append(o.queue, c) }
 
-// idle reports whether the owner has nothing queued or outstanding.
+// idle reports whether the owner has nothing queued, outstanding or
+// unwritten: only an idle owner may be dropped from memory.
 func (o *owner) idle() bool {
-	return !o.busy && len(o.queue) == 0 && len(o.finished) == 0
+	return !o.busy && len(o.queue) == 0 && len(o.finished) == 0 && !o.dirty
+}
+
+// requestFlush reports that the async interval armed by action.arm has
+// passed: the next next writes the dirty record.
+func (o *owner) requestFlush() {
+	o.armed = false
+	if o.dirty {
+		o.flushReq = true
+	}
+}
+
+// policyFor returns the policy version that decides c: the one in force if
+// it is newer than the one c arrived with.
+func (o *owner) policyFor(c *call) *policies.Policy {
+	p := c.policy
+	if cur := o.env.current(p.Name); cur != nil && cur.Revision > p.Revision {
+		p = cur
+	}
+	return p
+}
+
+// decideInline decides an async call at once, without the queue, when
+// that keeps arrival order and strictness: the key is loaded, nothing is
+// queued, no strict write is outstanding, and c's policy is async. It
+// reports whether it did; then c is finished (not handed out by next: the
+// caller replies) and arm tells the driver to arm the flush timer.
+func (o *owner) decideInline(c *call, now int64) (ok, arm bool) {
+	if !o.loaded || len(o.queue) > 0 || (o.busy && !o.asyncWrite) || o.policyFor(c).Mode != policies.ModeAsync {
+		return false, false
+	}
+	if now >= c.deadline {
+		return false, false
+	}
+	if o.decide(&o.rec, c, now) || o.keepAliveDue(now) {
+		o.markDirty()
+	}
+	return true, o.armIfDirty()
+}
+
+func (o *owner) markDirty() {
+	o.gen++
+	o.dirty = true
+}
+
+// armIfDirty reports whether a flush timer must be armed now: there are
+// changes that no outstanding write carries, and no timer or flush is
+// pending.
+func (o *owner) armIfDirty() bool {
+	if o.dirty && !o.armed && !o.flushReq && !(o.busy && o.gen == o.writeGen) {
+		o.armed = true
+		return true
+	}
+	return false
+}
+
+// keepAliveDue reports whether the stored record should be written again
+// even without a change (see owner.ttl).
+func (o *owner) keepAliveDue(now int64) bool {
+	return o.ttl > 0 && now-o.lastWrite >= o.ttl/2 && o.stored
 }
 
 func (o *owner) finish(c *call, err error) {
@@ -130,7 +236,10 @@ func (o *owner) finish(c *call, err error) {
 // next returns the next action at instant now. It must not be called while
 // a load or write is outstanding (it then returns only finished calls).
 func (o *owner) next(now int64) (a action) {
-	defer func() { a.finished, o.finished = o.finished, nil }()
+	defer func() {
+		a.finished, o.finished = o.finished, nil
+		a.arm = o.armIfDirty()
+	}()
 	if o.busy {
 		return a
 	}
@@ -145,38 +254,76 @@ func (o *owner) next(now int64) (a action) {
 	clear(o.queue[len(live):])
 	o.queue = live
 	if len(o.queue) == 0 {
+		if o.loaded && o.dirty && o.flushReq {
+			return o.writeBehind(now)
+		}
 		return a
 	}
 	if !o.loaded {
 		o.busy = true
+		o.loadAt = now
 		a.kind = actLoad
 		a.deadline = maxDeadline(o.queue)
 		return a
 	}
-	rec := o.rec
-	write := false
+	write, async := false, false
+	strict := o.queue[:0]
 	for _, c := range o.queue {
-		if o.decide(&rec, c, now) {
+		changed := o.decide(&o.rec, c, now)
+		if c.mode == policies.ModeAsync {
+			o.finished = append(o.finished, c)
+			async = async || changed
+			continue
+		}
+		strict = append(strict, c)
+		write = write || changed
+	}
+	clear(o.queue[len(strict):])
+	o.queue = nil
+	if async {
+		o.markDirty()
+	}
+	if !write && o.keepAliveDue(now) {
+		if len(strict) > 0 {
 			write = true
+		} else {
+			o.markDirty()
 		}
 	}
-	if !write && o.ttl > 0 && now-o.lastWrite >= o.ttl/2 && len(o.rec.states) > 0 {
-		write = true // keep-alive (see owner.ttl); an absent key has nothing to keep
-	}
 	if !write {
-		o.finished = append(o.finished, o.queue...)
-		o.queue = nil
+		o.finished = append(o.finished, strict...)
+		if o.dirty && o.flushReq {
+			return o.writeBehind(now)
+		}
 		return a
 	}
-	o.inflight, o.queue = o.queue, nil
-	o.pending = rec
+	// A strict write carries any unwritten async changes too.
+	o.inflight = strict
+	o.asyncWrite = false
+	o.writeGen = o.gen
+	o.flushReq = false
 	o.batchAt = now
 	o.busy = true
 	a.kind = actWrite
-	a.value = appendRecord(make([]byte, 0, recordSizeHint(&rec)), &rec)
+	a.value = appendRecord(make([]byte, 0, recordSizeHint(&o.rec)), &o.rec)
 	a.rev = o.rev
 	a.deadline = maxDeadline(o.inflight)
 	return a
+}
+
+// writeBehind returns the write of the dirty record (async mode).
+func (o *owner) writeBehind(now int64) action {
+	o.asyncWrite = true
+	o.writeGen = o.gen
+	o.flushReq = false
+	o.batchAt = now
+	o.busy = true
+	return action{
+		kind:     actWrite,
+		value:    appendRecord(make([]byte, 0, recordSizeHint(&o.rec)), &o.rec),
+		rev:      o.rev,
+		deadline: noDeadline,
+	}
 }
 
 func maxDeadline(cs []*call) int64 {
@@ -196,15 +343,20 @@ func (o *owner) loadedResult(val []byte, rev uint64, err error) {
 	case err == nil:
 		rec, derr := decodeRecord(val)
 		if derr != nil {
-			// A record this node cannot read starts fresh; the next
-			// write replaces it (its revision is kept for the CAS).
+			// A record this node cannot read starts conservatively
+			// empty (never a fresh burst: that could double-spend); the
+			// next write replaces it (its revision is kept for the CAS).
 			o.corrupt++
-			rec = record{}
+			if len(o.queue) == 0 {
+				o.loaded = false // no policy to build it for: load again when asked
+				return
+			}
+			rec = emptyRecord(o.policyFor(o.queue[0]), o.loadAt)
 		}
-		o.rec, o.rev, o.loaded = rec, rev, true
+		o.rec, o.rev, o.loaded, o.stored = rec, rev, true, true
 		o.lastWrite = 0
 	case errors.Is(err, kvstate.ErrNotFound):
-		o.rec, o.rev, o.loaded = record{}, rev, true
+		o.rec, o.rev, o.loaded, o.stored = record{}, rev, true, false
 		o.lastWrite = 0
 	default:
 		o.loaded = false
@@ -221,16 +373,22 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 	o.busy = false
 	batch := o.inflight
 	o.inflight = nil
+	wasAsync := o.asyncWrite
+	o.asyncWrite = false
 	switch {
 	case err == nil:
-		o.rec, o.rev = o.pending, rev
+		o.rev, o.stored = rev, true
 		o.lastWrite = o.batchAt
-		o.pending = record{}
+		if o.gen == o.writeGen {
+			o.dirty = false
+		}
 		o.finished = append(o.finished, batch...)
 		return false
 	case errors.Is(err, kvstate.ErrConflict):
-		o.loaded = false
-		o.pending = record{}
+		// Another writer got there first: what this node decided and did
+		// not write is lost (async: the documented overshoot); the
+		// strict calls of the batch are decided again after a reload.
+		o.dropCache()
 		retry := batch[:0:0]
 		for _, c := range batch {
 			c.conflicts++
@@ -243,11 +401,15 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 		}
 		o.queue = append(retry, o.queue...)
 		return true
+	case wasAsync:
+		// The outcome is unknown: keep the record and retry with the
+		// same expected revision at the next interval (if this write did
+		// land, the retry loses the CAS and reloads a record with it).
+		return false
 	default:
 		// The outcome is unknown (the write may have landed): reload
 		// before deciding again, and fail this batch.
-		o.loaded = false
-		o.pending = record{}
+		o.dropCache()
 		for _, c := range batch {
 			o.finish(c, fmt.Errorf("%w: writing state: %v", ErrUnavailable, err))
 		}
@@ -255,13 +417,21 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 	}
 }
 
+// dropCache forgets the cached record, counting unwritten async changes
+// as lost; the next call reloads the key.
+func (o *owner) dropCache() {
+	if o.dirty {
+		o.lost++
+	}
+	o.loaded, o.dirty, o.flushReq = false, false, false
+	o.rec = record{}
+}
+
 // decide decides c at now against rec, updating rec, and reports whether
 // rec changed in a way that must be written.
 func (o *owner) decide(rec *record, c *call, now int64) bool {
-	p := c.policy
-	if cur := o.env.current(p.Name); cur != nil && cur.Revision > p.Revision {
-		p = cur
-	}
+	p := o.policyFor(c)
+	c.mode = p.Mode
 	if rec.policy != p.Name || rec.revision != p.Revision {
 		o.transition(rec, p, now)
 	}
@@ -277,7 +447,9 @@ func (o *owner) decide(rec *record, c *call, now int64) bool {
 	for _, l := range p.Limits {
 		o.limits = append(o.limits, l.Limit)
 	}
-	kd, states := kvstate.DecideAll(o.limits, rec.states, now, c.cost, nil)
+	// Decide into the spare buffer; on admission the buffers swap (rec is
+	// the owner's own record, never shared: writes carry encoded bytes).
+	kd, states := kvstate.DecideAll(o.limits, rec.states, now, c.cost, o.spare)
 	d := decision{
 		Allowed:    kd.Allowed,
 		Policy:     p.Name,
@@ -295,8 +467,10 @@ func (o *owner) decide(rec *record, c *call, now int64) bool {
 	}
 	changed := false
 	if kd.Allowed {
-		rec.states = states
+		rec.states, o.spare = states, rec.states
 		changed = true
+	} else {
+		o.spare = states
 	}
 	if c.hasID {
 		rec.addDedupe(c.id, now, d)
@@ -334,4 +508,15 @@ func (o *owner) transition(rec *record, p *policies.Policy, now int64) {
 		rec.dedupe = nil
 	}
 	rec.policy, rec.revision, rec.states = p.Name, p.Revision, states
+}
+
+// emptyRecord is the conservative record of a key whose stored record is
+// unreadable: p's limits at now as they are right after spending their
+// whole capacity (no tokens, full windows), so it never over-admits.
+func emptyRecord(p *policies.Policy, now int64) record {
+	rec := record{policy: p.Name, revision: p.Revision, states: make([]kvstate.State, len(p.Limits))}
+	for i, l := range p.Limits {
+		_, rec.states[i] = kvstate.Decide(l.Limit, kvstate.State{}, now, l.Capacity())
+	}
+	return rec
 }

@@ -163,11 +163,16 @@ func (l *load) noteGap(now time.Time) {
 	}
 }
 
-// stats returns a snapshot; the gap still open at this instant counts.
+// stats returns a snapshot; while the load runs, the gap still open at
+// this instant counts.
 func (l *load) stats() loadStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.noteGap(time.Now())
+	select {
+	case <-l.stopc:
+	default:
+		l.noteGap(time.Now())
+	}
 	st := l.st
 	st.unexpected = append([]string(nil), st.unexpected...)
 	return st

@@ -47,12 +47,13 @@ func TestFaultRollingRestart(t *testing.T) {
 	for _, p := range procs {
 		l.resetGap()
 		s0 := l.stats()
+		leader := stateLeader(conns[0][0])
 		start := time.Now()
 		p.stop()
 		p.restart()
 		l.waitDecisions(t, l.stats(), 200, 3*testTimeout, "after restarting "+p.name)
 		d := l.stats().sub(s0)
-		t.Logf("%s restarted in %s: %v", p.name, time.Since(start).Round(time.Millisecond), d)
+		t.Logf("%s (state stream leader before: %s) restarted in %s: %v", p.name, leader, time.Since(start).Round(time.Millisecond), d)
 		// Clients of the stopping server lose requests in flight when it
 		// closes their connection; nodes answer decisions or 503s only.
 		requireClean(t, "restart of "+p.name, d, true)
@@ -146,6 +147,7 @@ func TestFaultKillOwner(t *testing.T) {
 
 	l.resetGap()
 	before := l.stats()
+	leader := stateLeader(survivor)
 	procs[owner].kill()
 	killedAt := time.Now()
 	var newOwner string
@@ -159,7 +161,7 @@ func TestFaultKillOwner(t *testing.T) {
 	after := l.stats().sub(before)
 	t.Logf("owner %s (%s) killed; partition %d now owned by %s; 200 decisions within %s of the kill: %v",
 		procs[owner].name, ownerID, part, newOwner, resumed.Round(time.Millisecond), after)
-	t.Logf("before the kill: admitted %d", before.admitted)
+	t.Logf("before the kill: admitted %d; state stream leader at the kill: %s", before.admitted, leader)
 	requireClean(t, "after the kill", after, true)
 	total := l.stats()
 	checkAccounting(t, survivor, total.admitted, total.failed())

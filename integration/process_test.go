@@ -30,7 +30,7 @@ var limitmeshBin struct {
 	err  error
 }
 
-// TestMain removes the binary built by binary() after the run.
+// TestMain removes the binary built by buildBinary() after the run.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if limitmeshBin.path != "" {
@@ -39,8 +39,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// binary builds ./cmd/limitmesh once and returns its path.
-func binary(t *testing.T) string {
+// buildBinary builds ./cmd/limitmesh once and returns its path.
+func buildBinary(t *testing.T) string {
 	t.Helper()
 	limitmeshBin.once.Do(func() {
 		dir, err := os.MkdirTemp("", "limitmesh-bin-")
@@ -106,7 +106,7 @@ type procSpec struct {
 // and stops them at cleanup.
 func startProcs(t *testing.T, spec procSpec) []*proc {
 	t.Helper()
-	bin := binary(t)
+	bin := buildBinary(t)
 	if spec.replicas == 0 {
 		spec.replicas = 3
 	}
@@ -183,7 +183,7 @@ func (p *proc) start(bin string) {
 func (p *proc) restart() {
 	p.t.Helper()
 	fmt.Fprintf(p.stderr, "---- restart ----\n")
-	p.start(binary(p.t))
+	p.start(buildBinary(p.t))
 	p.waitReady()
 }
 

@@ -32,9 +32,15 @@ type serveConfig struct {
 	serverName      string
 	routes          listFlag
 	drainTimeout    time.Duration
+	partitions      int
+	lease           time.Duration
+	nodeID          string
 }
 
-var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
+var (
+	prefixRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
+	nodeIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+)
 
 func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 	c := &serveConfig{}
@@ -53,6 +59,9 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 	fs.StringVar(&c.serverName, "server-name", "", "NATS server name (default: derived from the host and client port)")
 	fs.Var(&c.routes, "routes", "comma-separated routes to other cluster members, e.g. nats://127.0.0.1:6223")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 10*time.Second, "longest a shutdown waits for in-flight decisions")
+	fs.IntVar(&c.partitions, "partitions", mesh.DefaultPartitions, "partitions of the key space (every node of a mesh must use the same count)")
+	fs.DurationVar(&c.lease, "lease", mesh.DefaultLeaseTime, "partition lease: a node that stops renewing loses its partitions after this long")
+	fs.StringVar(&c.nodeID, "node-id", "", "node id in the <prefix>_shards bucket, unique per running node (default: random)")
 	return c, func(args []string) error {
 		if err := parseFlags(fs, args, s); err != nil {
 			return err
@@ -73,6 +82,12 @@ func (c *serveConfig) validate() error {
 		return errors.New("--state-ttl must be at least 1s")
 	case c.drainTimeout <= 0:
 		return errors.New("--drain-timeout must be positive")
+	case c.partitions < 1 || c.partitions > mesh.MaxPartitions:
+		return fmt.Errorf("--partitions %d: must be 1..%d", c.partitions, mesh.MaxPartitions)
+	case c.lease < mesh.MinLeaseTime:
+		return fmt.Errorf("--lease %v: must be at least %v", c.lease, mesh.MinLeaseTime)
+	case c.nodeID != "" && !nodeIDRE.MatchString(c.nodeID):
+		return fmt.Errorf("--node-id %q: must match %s", c.nodeID, nodeIDRE)
 	case c.natsURL == "" && c.dataDir == "":
 		return errors.New("--data must name a directory for the embedded server")
 	case c.natsURL != "" && (c.clusterListen != "" || len(c.routes) > 0):
@@ -153,6 +168,9 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		Replicas:        c.replicas,
 		StateTTL:        c.stateTTL,
 		Logger:          log,
+		Partitions:      c.partitions,
+		LeaseTime:       c.lease,
+		NodeID:          c.nodeID,
 	}, log)
 	cancel()
 	if err != nil {

@@ -8,6 +8,11 @@
 // race is reloaded and decided again. The per-key logic is a pure core
 // (owner.go) driven by a thin goroutine (keys.go).
 //
+// Keys hash to partitions, each owned by one node at a time under a lease
+// with epochs (shard.go, shardrun.go); any node accepts a decide request and
+// forwards it to the owner of the key's partition (route.go), so a hot key
+// is decided by one in-memory owner instead of racing writes across nodes.
+//
 // mesh imports kvstate and policies; it must not import cmd or integration.
 package mesh
 

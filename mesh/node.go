@@ -364,7 +364,47 @@ func (n *Node) Start(ctx context.Context) error {
 
 // ensureBucket binds to the bucket if it exists (as it is: never updated or
 // narrowed) and creates it otherwise.
+//
+// A JetStream cluster that is still forming (no meta leader yet, or a
+// stream leader being elected) may leave a request unanswered or answer
+// "temporarily unavailable": such attempts are retried, each bounded by
+// bucketAttempt, until ctx ends.
 func (n *Node) ensureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	for {
+		actx, cancel := context.WithTimeout(ctx, bucketAttempt)
+		kv, err := n.ensureBucketOnce(actx, js, cfg)
+		cancel()
+		if err == nil || ctx.Err() != nil || !retryableJS(err) {
+			return kv, err
+		}
+		n.log.Debug("bucket not ready, retrying", "bucket", cfg.Bucket, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// bucketAttempt bounds one attempt of ensureBucket.
+const bucketAttempt = 2 * time.Second
+
+// retryableJS reports whether a JetStream request failed in a way a forming
+// or electing cluster causes: no reply in time, no responders, or the
+// "JetStream system temporarily unavailable" API error.
+func retryableJS(err error) bool {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse):
+		return true
+	case errors.As(err, &apiErr):
+		return apiErr.Code == 503
+	}
+	return false
+}
+
+func (n *Node) ensureBucketOnce(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if err == nil {
 		return kv, nil

@@ -277,7 +277,9 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShardConfig(ctx, skv, n.cfg.Partitions); err != nil {
+	if err := n.retryJS(ctx, "partition count", func(ctx context.Context) error {
+		return checkShardConfig(ctx, skv, n.cfg.Partitions)
+	}); err != nil {
 		return err
 	}
 
@@ -370,23 +372,34 @@ func (n *Node) Start(ctx context.Context) error {
 // "temporarily unavailable": such attempts are retried, each bounded by
 // bucketAttempt, until ctx ends.
 func (n *Node) ensureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	var kv jetstream.KeyValue
+	err := n.retryJS(ctx, "bucket "+cfg.Bucket, func(ctx context.Context) (err error) {
+		kv, err = n.ensureBucketOnce(ctx, js, cfg)
+		return err
+	})
+	return kv, err
+}
+
+// retryJS runs op, each attempt bounded by bucketAttempt, until it succeeds,
+// fails in a way retryableJS does not retry, or ctx ends.
+func (n *Node) retryJS(ctx context.Context, what string, op func(context.Context) error) error {
 	for {
 		actx, cancel := context.WithTimeout(ctx, bucketAttempt)
-		kv, err := n.ensureBucketOnce(actx, js, cfg)
+		err := op(actx)
 		cancel()
 		if err == nil || ctx.Err() != nil || !retryableJS(err) {
-			return kv, err
+			return err
 		}
-		n.log.Debug("bucket not ready, retrying", "bucket", cfg.Bucket, "err", err)
+		n.log.Debug("JetStream not ready, retrying", "what", what, "err", err)
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return err
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
 
-// bucketAttempt bounds one attempt of ensureBucket.
+// bucketAttempt bounds one attempt of retryJS.
 const bucketAttempt = 2 * time.Second
 
 // retryableJS reports whether a JetStream request failed in a way a forming

@@ -129,6 +129,9 @@ func TestErrors(t *testing.T) {
 		if r.Code != c.code || r.Error != c.symbol || r.Msg == "" {
 			t.Errorf("%s: code %q body error %q message %q, want %s %s", c.name, r.Code, r.Error, r.Msg, c.code, c.symbol)
 		}
+		if strings.HasPrefix(r.Msg, "mesh:") {
+			t.Errorf("%s: message %q leaks the package's error prefix", c.name, r.Msg)
+		}
 	}
 	// Exactly 4096 bytes is within the limit.
 	body := `{"descriptor":{"tenant":"a"},"pad":"`

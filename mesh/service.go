@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/limitmesh/limitmesh/policies"
@@ -167,16 +168,18 @@ func (n *Node) replyOK(r micro.Request, start time.Time, d decision, h micro.Hea
 // replyError answers with a micro error: code, description and the JSON
 // body {"error": symbol, "message": text} (CONTRACT.md §2).
 func (n *Node) replyError(r micro.Request, policy string, start time.Time, err error, opts ...micro.RespondOpt) {
-	code, symbol := "500", "internal"
+	code, symbol, sentinel := "500", "internal", errInternal
 	switch {
 	case errors.Is(err, ErrTooLarge):
-		code, symbol = "413", "too_large"
+		code, symbol, sentinel = "413", "too_large", ErrTooLarge
 	case errors.Is(err, ErrBadRequest), errors.Is(err, policies.ErrInvalid):
-		code, symbol = "400", "bad_request"
+		code, symbol, sentinel = "400", "bad_request", ErrBadRequest
 	case errors.Is(err, ErrUnavailable):
-		code, symbol = "503", "unavailable"
+		code, symbol, sentinel = "503", "unavailable", ErrUnavailable
 	}
-	msg := err.Error()
+	// The symbol already says what the sentinel says: the message is the
+	// rest ("descriptor.plan: missing; …", not "mesh: bad request: …").
+	msg := strings.TrimPrefix(err.Error(), sentinel.Error()+": ")
 	if rerr := r.Error(code, msg, errorBody(symbol, msg), opts...); rerr != nil {
 		n.log.Debug("error reply failed", "error", rerr.Error())
 	}

@@ -95,3 +95,77 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeRequestFast checks that the hand decoder, whenever it accepts
+// an input, gives exactly what the encoding/json path gives.
+func FuzzDecodeRequestFast(f *testing.F) {
+	for _, s := range []string{
+		`{"descriptor":{"tenant":"acme"}}`,
+		`{"descriptor":{"tenant":"acme","plan":"v 7"},"cost":3}`,
+		` { "descriptor" : { "b" : "2" , "a" : "1" } , "cost" : "0.5" , "request_id" : "r1" , "dry_run" : true } `,
+		`{"descriptor":{"tenant":"acme"},"cost":null,"request_id":null,"dry_run":null}`,
+		`{"descriptor":{"tenant":"acme"},"cost":1000000000,"dry_run":false}`,
+		`{"descriptor":{"tenant":"acme"},"cost":0.000001}`,
+		`{"descriptor":{"tenant":"acme"},"cost":01}`,
+		`{"descriptor":{"tenant":"acme"},"cost":1.}`,
+		`{"descriptor":{"tenant":"acme"},"cost":1e3}`,
+		`{"descriptor":{"tenant":"a","tenant":"b"}}`,
+		`{"descriptor":{"tenant":"a"},"descriptor":{"plan":"b"}}`,
+		`{"Descriptor":{"tenant":"a"}}`,
+		`{"descriptor":{"tenant":"a\u0041"}}`,
+		`{"descriptor":{"tenant":"a"}}x`,
+		`{"descriptor":{"bench_run":"0badcafe","key":"k42"},"cost":"1"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fast, ok := decodeRequestFast(b)
+		if !ok {
+			return
+		}
+		slow, err := decodeRequestJSON(b)
+		if err != nil {
+			t.Fatalf("%q: fast decoder accepted, encoding/json path: %v", b, err)
+		}
+		if fast.cost != slow.cost || fast.id != slow.id || fast.dryRun != slow.dryRun || len(fast.desc) != len(slow.desc) {
+			t.Fatalf("%q: fast %+v, encoding/json %+v", b, fast, slow)
+		}
+		for i := range fast.desc {
+			if fast.desc[i] != slow.desc[i] {
+				t.Fatalf("%q: fast %+v, encoding/json %+v", b, fast.desc, slow.desc)
+			}
+		}
+	})
+}
+
+func TestDecodeRequestFastTakesTheCommonShape(t *testing.T) {
+	for _, s := range []string{
+		`{"descriptor":{"tenant":"acme"}}`,
+		`{"descriptor":{"bench_run":"0badcafe","key":"k42"},"cost":"1"}`,
+		`{"descriptor":{"tenant":"acme"},"cost":2.5,"request_id":"r-1","dry_run":true}`,
+	} {
+		if _, ok := decodeRequestFast([]byte(s)); !ok {
+			t.Errorf("%s: not taken by the fast decoder", s)
+		}
+	}
+}
+
+func BenchmarkDecodeRequest(b *testing.B) {
+	body := []byte(`{"descriptor":{"bench_run":"0badcafe","key":"k42"},"cost":"1"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := decodeRequest(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecodeRequestJSON(b *testing.B) {
+	body := []byte(`{"descriptor":{"bench_run":"0badcafe","key":"k42"},"cost":"1"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := decodeRequestJSON(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -108,8 +108,7 @@ func TestReplicatedCluster(t *testing.T) {
 	}
 	rev := putPolicy(t, n0.nc, "rl_policies", "slow", slowPolicy)
 	d := map[string]string{"tenant": "r3"}
-	waitRevision(t, n0.nc, d, rev)
-	waitRevision(t, n1.nc, d, rev)
+	waitApplied(t, "slow", rev, n0, n1)
 
 	conns := []*nats.Conn{n0.nc, n1.nc}
 	for i := 0; i < 4; i++ {

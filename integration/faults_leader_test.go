@@ -47,6 +47,7 @@ func TestFaultStreamLeaderFailover(t *testing.T) {
 		nodes[i] = startNodeRetry(t, mesh.NodeConfig{Replicas: 3}, rotate(i)...)
 	}
 	rev := putPolicy(t, nodes[0].nc, "rl_policies", "hot", hotPolicy)
+	waitApplied(t, "hot", rev, nodes...)
 	var conns []*nats.Conn
 	for i := range servers {
 		nc := connectURLs(t, rotate(i)...)

@@ -26,6 +26,7 @@ func TestFaultPartition(t *testing.T) {
 		nodes[i] = startNodeRetry(t, mesh.NodeConfig{Replicas: 3}, pc.URL(i))
 	}
 	rev := putPolicy(t, nodes[0].nc, "rl_policies", "hot", hotPolicy)
+	waitApplied(t, "hot", rev, nodes...)
 	conns := make([][]*nats.Conn, 3)
 	for i := range conns {
 		conns[i] = []*nats.Conn{connectURLs(t, pc.URL(i)), connectURLs(t, pc.URL(i))}

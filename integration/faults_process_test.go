@@ -24,6 +24,7 @@ func procCluster(t *testing.T) ([]*proc, [][]*nats.Conn) {
 		urls = append(urls, p.clientURL)
 	}
 	rev := putPolicy(t, connectURLs(t, urls...), "rl_policies", "hot", hotPolicy)
+	waitProcsApplied(t, "hot", rev, procs...)
 	conns := make([][]*nats.Conn, len(procs))
 	for i := range procs {
 		rot := append(slices.Clone(urls[i:]), urls[:i]...)

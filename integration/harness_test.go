@@ -214,3 +214,18 @@ const acmePolicy = `{"match": {"tenant": "acme", "operation": "search"},
  "description": "Acme search contract"}`
 
 var acmeDesc = map[string]string{"tenant": "acme", "operation": "search", "plan": "v7"}
+
+// waitApplied waits until every one of nodes has policy name in force at
+// revision rev or later. A request through a connection proves nothing
+// about a particular node (the queue group may hand it to any node), and a
+// node that has not applied a new policy yet answers its descriptors as
+// unmatched (allowed), so multi-node tests wait on each node itself.
+func waitApplied(t testing.TB, name string, rev uint64, nodes ...*testNode) {
+	t.Helper()
+	for i, n := range nodes {
+		waitFor(t, fmt.Sprintf("node %d applies %s@%d", i, name, rev), func() bool {
+			got, ok := n.node.PolicyRevision(name)
+			return ok && got >= rev
+		})
+	}
+}

@@ -155,8 +155,7 @@ func TestLocalModeTwoNodes(t *testing.T) {
 	a := startNode(t, e, mesh.NodeConfig{})
 	b := startNode(t, e, mesh.NodeConfig{})
 	rev := putPolicy(t, a.nc, "rl_policies", "slow", modePolicy("local"))
-	waitRevision(t, a.nc, map[string]string{"tenant": "probe"}, rev)
-	waitRevision(t, b.nc, map[string]string{"tenant": "probe"}, rev)
+	waitApplied(t, "slow", rev, a, b)
 	conns := []*nats.Conn{a.nc, b.nc, connect(t, e), connect(t, e)}
 	// The queue group spreads 240 requests over both nodes; each admits
 	// its own 40 and no more.

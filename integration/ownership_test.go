@@ -30,9 +30,7 @@ func meshNodes(t *testing.T, servers []*mesh.Embedded, k int) []*testNode {
 			LeaseTime: ownershipLease, NodeID: fmt.Sprintf("n%d", i), Replicas: replicasFor(servers)})
 	}
 	rev := putPolicy(t, nodes[0].nc, "rl_policies", "slow", slowPolicy)
-	for _, n := range nodes {
-		waitRevision(t, n.nc, map[string]string{"tenant": "probe"}, rev)
-	}
+	waitApplied(t, "slow", rev, nodes...)
 	waitExclusive(t, nodes)
 	return nodes
 }

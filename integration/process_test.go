@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -314,6 +316,7 @@ func TestProcessCluster(t *testing.T) {
 		checkR3(t, client, b, []string{"n1", "n2", "n3"})
 	}
 	rev := putPolicy(t, client, "rl_policies", "slow", slowPolicy)
+	waitProcsApplied(t, "slow", rev, procs...)
 	d := map[string]string{"tenant": "procs"}
 	conns := make([]*nats.Conn, len(procs))
 	for i, p := range procs {
@@ -353,6 +356,7 @@ func TestProcessNATSURL(t *testing.T) {
 	slices.Sort(names)
 	checkR3(t, client, "KV_rl_state", names)
 	rev := putPolicy(t, client, "rl_policies", "slow", slowPolicy)
+	waitProcsApplied(t, "slow", rev, procs...)
 	d := map[string]string{"tenant": "natsurl"}
 	admitted := 0
 	for i, u := range urls {
@@ -373,5 +377,29 @@ func TestProcessNATSURL(t *testing.T) {
 	}
 	for _, p := range procs {
 		p.stop()
+	}
+}
+
+// waitProcsApplied waits until every process reports policy name in force
+// at revision rev or later (the limitmesh_policy_revision gauge).
+func waitProcsApplied(t *testing.T, name string, rev uint64, procs ...*proc) {
+	t.Helper()
+	series := fmt.Sprintf(`limitmesh_policy_revision{policy=%q} `, name)
+	for _, p := range procs {
+		waitFor(t, p.name+" applies "+name, func() bool {
+			resp, err := http.Get(p.httpURL + "/metrics")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			for _, l := range strings.Split(string(body), "\n") {
+				if v, ok := strings.CutPrefix(l, series); ok {
+					got, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+					return err == nil && uint64(got) >= rev
+				}
+			}
+			return false
+		})
 	}
 }

@@ -437,6 +437,18 @@ func (n *Node) ensureBucketOnce(ctx context.Context, js jetstream.JetStream, cfg
 	return kv, nil
 }
 
+// PolicyRevision returns the KV revision of the version of policy name in
+// force on this node, and false when the node has no such policy. A put
+// reaches every node within about a second; tests and operators use this
+// to see that a particular node has applied it.
+func (n *Node) PolicyRevision(name string) (uint64, bool) {
+	p := n.policies.current(name)
+	if p == nil {
+		return 0, false
+	}
+	return p.Revision, true
+}
+
 // Ready reports whether the node serves decisions (false before Start
 // returns and from the start of Stop).
 func (n *Node) Ready() bool { return n.ready.Load() }

@@ -6,6 +6,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -93,11 +94,18 @@ func putPolicy(t testing.TB, nc *nats.Conn, bucket, name, doc string) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev, err := kv.Put(ctx, name, []byte(doc))
-	if err != nil {
-		t.Fatalf("put policy %s: %v", name, err)
+	// On a replicated bucket whose stream leader is still being elected a
+	// put may get no response: retry those (bounded by ctx).
+	for {
+		rev, err := kv.Put(ctx, name, []byte(doc))
+		if err == nil {
+			return rev
+		}
+		if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, nats.ErrNoResponders) || ctx.Err() != nil {
+			t.Fatalf("put policy %s: %v", name, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return rev
 }
 
 func deletePolicy(t testing.TB, nc *nats.Conn, bucket, name string) {

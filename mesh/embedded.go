@@ -31,7 +31,7 @@ type EmbeddedConfig struct {
 	// Logger receives the server's log lines at Debug level; nil: none.
 	Logger *slog.Logger
 	// ReadyTimeout bounds the wait for the server to accept connections
-	// (default 10 s).
+	// (default 30 s: a cluster member on a loaded machine can take a while).
 	ReadyTimeout time.Duration
 }
 
@@ -87,7 +87,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	go srv.Start()
 	wait := cfg.ReadyTimeout
 	if wait <= 0 {
-		wait = 10 * time.Second
+		wait = 30 * time.Second
 	}
 	if !srv.ReadyForConnections(wait) {
 		srv.Shutdown()

@@ -2,7 +2,9 @@ package kvstate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -83,5 +85,198 @@ func TestJetStreamStore(t *testing.T) {
 	}
 	if _, err := s.Update(ctx, "k", []byte("x"), 1); err == nil || errors.Is(err, ErrConflict) {
 		t.Fatalf("Update with the bucket gone: %v, want a store error", err)
+	}
+}
+
+// blockingAsync is a Store made of an AsyncStore's asynchronous methods,
+// so the shared store contract checks them.
+type blockingAsync struct{ AsyncStore }
+
+func (b blockingAsync) Get(ctx context.Context, key string) ([]byte, uint64, error) {
+	type res struct {
+		val []byte
+		rev uint64
+		err error
+	}
+	ch := make(chan res, 1)
+	b.GetAsync(key, 5*time.Second, func(val []byte, rev uint64, err error) { ch <- res{val, rev, err} })
+	r := <-ch
+	return r.val, r.rev, r.err
+}
+
+func (b blockingAsync) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	type res struct {
+		rev uint64
+		err error
+	}
+	ch := make(chan res, 1)
+	b.UpdateAsync(key, value, rev, 5*time.Second, func(rev uint64, err error) { ch <- res{rev, err} })
+	r := <-ch
+	return r.rev, r.err
+}
+
+func TestJetStreamStoreAsync(t *testing.T) {
+	js, kv := jsBucket(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := NewJetStreamStore(ctx, js, "st")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := blockingAsync{s}
+	storeContract(t, b)
+
+	// Over a delete marker, expected revision 0 loses (the caller
+	// reloads); the marker's revision from Get wins.
+	if err := kv.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Update(ctx, "k", []byte("x"), 0); !errors.Is(err, ErrConflict) {
+		t.Fatalf("create over a delete marker: %v, want ErrConflict", err)
+	}
+	_, rev, err := b.Get(ctx, "k")
+	if !errors.Is(err, ErrNotFound) || rev == 0 {
+		t.Fatalf("Get of a deleted key: rev %d err %v", rev, err)
+	}
+	if _, err := b.Update(ctx, "k", []byte("back"), rev); err != nil {
+		t.Fatalf("Update over the delete marker: %v", err)
+	}
+
+	// Many writes in flight at once, several per key, each expecting the
+	// key's initial state: exactly one per key wins, and the store holds
+	// the winners' values.
+	const keys, perKey = 50, 4
+	type result struct {
+		key, i int
+		rev    uint64
+		err    error
+	}
+	results := make(chan result, keys*perKey)
+	for k := range keys {
+		for i := range perKey {
+			key := "many." + strconv.Itoa(k)
+			s.UpdateAsync(key, []byte(strconv.Itoa(i)), 0, 5*time.Second, func(rev uint64, err error) {
+				results <- result{k, i, rev, err}
+			})
+		}
+	}
+	won := make(map[int]result)
+	for range keys * perKey {
+		r := <-results
+		switch {
+		case r.err == nil:
+			if _, dup := won[r.key]; dup {
+				t.Fatalf("key %d: two creates won", r.key)
+			}
+			won[r.key] = r
+		case !errors.Is(r.err, ErrConflict):
+			t.Fatalf("key %d: %v", r.key, r.err)
+		}
+	}
+	for k := range keys {
+		w, ok := won[k]
+		if !ok {
+			t.Fatalf("key %d: no create won", k)
+		}
+		val, rev, err := b.Get(ctx, "many."+strconv.Itoa(k))
+		if err != nil || rev != w.rev || string(val) != strconv.Itoa(w.i) {
+			t.Fatalf("key %d: stored %q rev %d err %v, want %d rev %d", k, val, rev, err, w.i, w.rev)
+		}
+	}
+}
+
+func TestJetStreamStoreAsyncFailures(t *testing.T) {
+	js, _ := jsBucket(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := NewJetStreamStore(ctx, js, "st")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := blockingAsync{s}
+	if err := js.DeleteKeyValue(ctx, "st"); err != nil {
+		t.Fatal(err)
+	}
+	// No stream: no responders, a store error (not a conflict).
+	if _, err := b.Update(ctx, "k", []byte("x"), 0); err == nil || errors.Is(err, ErrConflict) {
+		t.Fatalf("Update with the bucket gone: %v, want a store error", err)
+	}
+	if _, _, err := b.Get(ctx, "k"); err == nil || errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get with the bucket gone: %v, want a store error", err)
+	}
+	// A subscriber that never answers: the operations time out.
+	sub, err := js.Conn().SubscribeSync("$KV.st.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := js.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 2)
+	s.UpdateAsync("k", []byte("x"), 0, 20*time.Millisecond, func(_ uint64, err error) { done <- err })
+	s.UpdateAsync("j", []byte("x"), 3, 40*time.Millisecond, func(_ uint64, err error) { done <- err })
+	for range 2 {
+		if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("unanswered write: %v, want DeadlineExceeded", err)
+		}
+	}
+}
+
+func TestFastAck(t *testing.T) {
+	cases := []struct {
+		in   string
+		seq  uint64
+		fast bool
+	}{
+		{`{"stream":"KV_st","seq":12}`, 12, true},
+		{`{"stream":"KV_st","seq":9999999999999999999}`, 9999999999999999999, true},
+		{`{"stream":"KV_st","seq":18446744073709551615}`, 0, false},
+		{`{"stream":"KV_st","seq":0}`, 0, false},
+		{`{"stream":"KV_st","seq":012}`, 0, false},
+		{`{"stream":"KV_sx","seq":12}`, 0, false},
+		{`{"stream":"KV_st","seq":12,"duplicate":true}`, 0, false},
+		{`{"stream":"KV_st","domain":"d","seq":12}`, 0, false},
+		{`{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"},"stream":"KV_st","seq":0}`, 0, false},
+		{`{"stream":"KV_st","seq":1x}`, 0, false},
+	}
+	for _, c := range cases {
+		seq, ok := fastAck([]byte(c.in), "KV_st")
+		if ok != c.fast || seq != c.seq {
+			t.Errorf("%s: %d %v, want %d %v", c.in, seq, ok, c.seq, c.fast)
+		}
+	}
+}
+
+// FuzzParseAck checks that the fast acknowledgement reader agrees with
+// encoding/json whenever it accepts.
+func FuzzParseAck(f *testing.F) {
+	f.Add([]byte(`{"stream":"KV_st","seq":12}`))
+	f.Add([]byte(`{"stream":"KV_st","seq":99999999999999999999}`))
+	f.Add([]byte(`{"stream":"KV_st","seq":7,"duplicate":true}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		seq, ok := fastAck(b, "KV_st")
+		if !ok {
+			return
+		}
+		var a pubAck
+		if err := json.Unmarshal(b, &a); err != nil || a.Seq != seq || a.Stream != "KV_st" || a.Error != nil {
+			t.Fatalf("%q: fast %d, encoding/json %+v %v", b, seq, a, err)
+		}
+	})
+}
+
+func TestParseAckConflict(t *testing.T) {
+	s := &JetStreamStore{stream: "KV_st"}
+	_, err := s.parseAck("k", []byte(`{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"},"stream":"KV_st","seq":0}`))
+	if !errors.Is(err, ErrConflict) {
+		t.Fatalf("wrong last sequence: %v, want ErrConflict", err)
+	}
+	_, err = s.parseAck("k", []byte(`{"error":{"code":503,"err_code":10077,"description":"resource limits exceeded"}}`))
+	if err == nil || errors.Is(err, ErrConflict) {
+		t.Fatalf("other JetStream error: %v, want a store error", err)
+	}
+	if rev, err := s.parseAck("k", []byte(`{"stream":"KV_st", "seq":5, "duplicate":false}`)); err != nil || rev != 5 {
+		t.Fatalf("ack with spaces: %d %v", rev, err)
 	}
 }

@@ -3,6 +3,7 @@ package kvstate
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // Store is where the encoded state of limit keys lives between decisions: a
@@ -24,6 +25,23 @@ type Store interface {
 	// not exist) and returns the new revision. It returns an error wrapping
 	// ErrConflict when the revision is no longer rev.
 	Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error)
+}
+
+// AsyncStore is a [Store] that can also start its operations without
+// blocking the caller, so many keys' reads and writes are in flight at
+// once without a goroutine waiting on each.
+//
+// done is called exactly once with the result (the same values and errors
+// as the blocking method), on a goroutine of the store's, never on the
+// caller's (it may run before the starting method returns, so the caller
+// must not hold a lock done takes); an operation with no answer within
+// timeout fails with an error wrapping context.DeadlineExceeded (its
+// outcome is unknown: a write may have landed). done must not block for
+// long: it delays other operations' results.
+type AsyncStore interface {
+	Store
+	GetAsync(key string, timeout time.Duration, done func(val []byte, rev uint64, err error))
+	UpdateAsync(key string, value []byte, rev uint64, timeout time.Duration, done func(rev uint64, err error))
 }
 
 // MemStore is a [Store] in process memory. Its revisions are one sequence

@@ -97,9 +97,15 @@ func (n *Node) submit(key string, c *call, now int64) {
 	start := !e.running
 	e.running = true
 	e.mu.Unlock()
-	if start {
-		go n.runKey(key, e)
+	if !start {
+		return
 	}
+	if as, _ := n.asyncStore(); as != nil {
+		// The runner only starts store operations: it does not block.
+		n.runKey(key, e)
+		return
+	}
+	go n.runKey(key, e)
 }
 
 // asyncInterval is the write-behind interval of async mode.
@@ -127,18 +133,25 @@ func (n *Node) armFlush(key string, e *keyEntry) {
 	})
 }
 
-// runKey drives one key's owner core until it has nothing to do: it does
-// the store I/O the core asks for and sends the replies it releases.
+// runKey drives one key's owner core until it has nothing to do or waits
+// on the store: it does the store I/O the core asks for and sends the
+// replies it releases. With an asynchronous store (the JetStream one) it
+// only starts each operation and returns; the operation's result
+// continues the drive (pipeline.go), so it never blocks and no goroutine
+// waits on a key's store operation. With a blocking store it does the
+// operation itself and loops.
 func (n *Node) runKey(key string, e *keyEntry) {
 	defer func() {
 		if v := recover(); v != nil {
 			n.recoverKey(key, e, v)
 		}
 	}()
+	as, fenced := n.asyncStore()
 	for {
 		e.mu.Lock()
+		o := e.o
 		now := n.clock().UnixNano()
-		a := e.o.next(now)
+		a := o.next(now)
 		if a.kind == actNone {
 			e.running = false
 			e.lastUsed = now
@@ -154,6 +167,10 @@ func (n *Node) runKey(key string, e *keyEntry) {
 		case actNone:
 			return
 		case actLoad:
+			if as != nil {
+				n.loadAsync(as, key, e, o, a, now)
+				return
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), n.opTimeout(a, now))
 			t0 := time.Now()
 			val, rev, err := n.store.Get(ctx, key)
@@ -162,41 +179,64 @@ func (n *Node) runKey(key string, e *keyEntry) {
 				n.ensureVersion(ctx, val)
 			}
 			cancel()
-			e.mu.Lock()
-			before := e.o.corrupt
-			e.o.loadedResult(val, rev, err)
-			corrupt := e.o.corrupt - before
-			e.mu.Unlock()
-			if corrupt > 0 {
-				n.metrics.corruptRecords.Inc()
-				n.log.Warn("corrupt state record replaced; the key starts empty", "key", key)
-			}
+			n.applyLoad(key, e, o, val, rev, err)
 		case actWrite:
+			if as != nil {
+				n.writeAsync(as, fenced, key, e, o, a, now)
+				return
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), n.opTimeout(a, now))
 			t0 := time.Now()
 			rev, err := n.store.Update(ctx, key, a.value, a.rev)
 			n.observeOp("update", t0, err)
 			cancel()
-			e.mu.Lock()
-			batch := len(e.o.inflight)
-			lost := e.o.lost
-			conflict := e.o.written(rev, err)
-			retried := len(e.o.queue)
-			lost = e.o.lost - lost
-			e.mu.Unlock()
-			if lost > 0 {
-				n.metrics.asyncLost.Add(float64(lost))
-			}
-			if batch > 0 {
-				n.metrics.batchSize.Observe(float64(batch))
-			}
-			if conflict {
-				n.metrics.casConflicts.Inc()
-				n.metrics.casRetries.Add(float64(min(batch, retried)))
-			} else if err != nil {
-				n.log.Warn("state write failed", "key", key, "error", err.Error())
-			}
+			n.applyWrite(key, e, o, rev, err)
 		}
+	}
+}
+
+// applyLoad reports a load's result to o, e's owner when the load
+// started (nothing if e's owner was replaced since: recoverKey).
+func (n *Node) applyLoad(key string, e *keyEntry, o *owner, val []byte, rev uint64, err error) {
+	e.mu.Lock()
+	if e.o != o {
+		e.mu.Unlock()
+		return
+	}
+	before := o.corrupt
+	o.loadedResult(val, rev, err)
+	corrupt := o.corrupt - before
+	e.mu.Unlock()
+	if corrupt > 0 {
+		n.metrics.corruptRecords.Inc()
+		n.log.Warn("corrupt state record replaced; the key starts empty", "key", key)
+	}
+}
+
+// applyWrite reports a write's result to o (as applyLoad).
+func (n *Node) applyWrite(key string, e *keyEntry, o *owner, rev uint64, err error) {
+	e.mu.Lock()
+	if e.o != o {
+		e.mu.Unlock()
+		return
+	}
+	batch := len(o.inflight)
+	lost := o.lost
+	conflict := o.written(rev, err)
+	retried := len(o.queue)
+	lost = o.lost - lost
+	e.mu.Unlock()
+	if lost > 0 {
+		n.metrics.asyncLost.Add(float64(lost))
+	}
+	if batch > 0 {
+		n.metrics.batchSize.Observe(float64(batch))
+	}
+	if conflict {
+		n.metrics.casConflicts.Inc()
+		n.metrics.casRetries.Add(float64(min(batch, retried)))
+	} else if err != nil {
+		n.log.Warn("state write failed", "key", key, "error", err.Error())
 	}
 }
 

@@ -2,12 +2,34 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/limitmesh/limitmesh/kvstate"
 
 	"github.com/limitmesh/limitmesh/policies"
 )
+
+// blindScoreMax bounds keyTable.blindScore; a new table starts at
+// blindScoreStart.
+const (
+	blindScoreMax   = 16
+	blindScoreStart = 4
+)
+
+// blindVote moves the blind-create score by d within its bounds.
+func (t *keyTable) blindVote(d int64) {
+	for {
+		v := t.blindScore.Load()
+		nv := min(max(v+d, -blindScoreMax), blindScoreMax)
+		if nv == v || t.blindScore.CompareAndSwap(v, nv) {
+			return
+		}
+	}
+}
 
 // keyEntry is one limit key held in memory: its owner core and whether a
 // runner goroutine is driving it.
@@ -27,11 +49,21 @@ type keyTable struct {
 	mu sync.Mutex
 	m  map[string]*keyEntry
 
+	// blindScore says whether new owners may try a blind create (owner.go):
+	// it rises when a key read for the first time is absent or a blind
+	// create wins, and falls (faster) when such a key exists or a blind
+	// create loses, within ±blindScoreMax. Blind creates are tried while
+	// it is positive, so after a handoff of existing keys they stop after
+	// a few losses, and with new keys they save each key's first read.
+	blindScore atomic.Int64
+
 	local *localTable
 }
 
 func newKeyTable() *keyTable {
-	return &keyTable{m: make(map[string]*keyEntry), local: newLocalTable(DefaultLocalMaxKeys)}
+	t := &keyTable{m: make(map[string]*keyEntry), local: newLocalTable(DefaultLocalMaxKeys)}
+	t.blindScore.Store(blindScoreStart)
+	return t
 }
 
 func (t *keyTable) len() int {
@@ -80,6 +112,7 @@ func (n *Node) submit(key string, c *call, now int64) {
 	e := t.m[key]
 	if e == nil {
 		e = &keyEntry{o: newOwner(n.policies, n.cfg.MaxConflicts, int64(n.cfg.StateTTL))}
+		e.o.blind = t.blindScore.Load() > 0
 		t.m[key] = e
 	}
 	e.mu.Lock()
@@ -190,7 +223,7 @@ func (n *Node) runKey(key string, e *keyEntry) {
 			rev, err := n.store.Update(ctx, key, a.value, a.rev)
 			n.observeOp("update", t0, err)
 			cancel()
-			n.applyWrite(key, e, o, rev, err)
+			n.applyWrite(key, e, o, a.blind, rev, err)
 		}
 	}
 }
@@ -198,6 +231,12 @@ func (n *Node) runKey(key string, e *keyEntry) {
 // applyLoad reports a load's result to o, e's owner when the load
 // started (nothing if e's owner was replaced since: recoverKey).
 func (n *Node) applyLoad(key string, e *keyEntry, o *owner, val []byte, rev uint64, err error) {
+	switch {
+	case err == nil:
+		n.keys.blindVote(-1)
+	case errors.Is(err, kvstate.ErrNotFound):
+		n.keys.blindVote(1)
+	}
 	e.mu.Lock()
 	if e.o != o {
 		e.mu.Unlock()
@@ -213,8 +252,17 @@ func (n *Node) applyLoad(key string, e *keyEntry, o *owner, val []byte, rev uint
 	}
 }
 
-// applyWrite reports a write's result to o (as applyLoad).
-func (n *Node) applyWrite(key string, e *keyEntry, o *owner, rev uint64, err error) {
+// applyWrite reports a write's result to o (as applyLoad); blind marks a
+// blind create.
+func (n *Node) applyWrite(key string, e *keyEntry, o *owner, blind bool, rev uint64, err error) {
+	if blind {
+		switch {
+		case err == nil:
+			n.keys.blindVote(1)
+		case errors.Is(err, kvstate.ErrConflict):
+			n.keys.blindVote(-2)
+		}
+	}
 	e.mu.Lock()
 	if e.o != o {
 		e.mu.Unlock()
@@ -232,7 +280,7 @@ func (n *Node) applyWrite(key string, e *keyEntry, o *owner, rev uint64, err err
 	if batch > 0 {
 		n.metrics.batchSize.Observe(float64(batch))
 	}
-	if conflict {
+	if conflict && !blind {
 		n.metrics.casConflicts.Inc()
 		n.metrics.casRetries.Add(float64(min(batch, retried)))
 	} else if err != nil {

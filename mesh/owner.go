@@ -48,6 +48,19 @@ import (
 // record that contains it). A strict call that meets unwritten async
 // changes is decided on top of them, and its write carries them.
 //
+// Blind create. A key this node has never read may well be absent from
+// the store (a new key), and an absent key needs no read: when the driver
+// allows it (owner.blind, set on a new owner), the first batch of strict
+// calls is decided against the empty record and written with expected
+// revision 0 (the key must not exist), with no load first. Strictness is
+// kept by the compare-and-swap: the calls are answered only once that
+// write is acknowledged, and if the key does exist the write loses, the
+// calls are decided again after a load (a blind loss does not count
+// toward maxConflicts). A batch that would write nothing (denials, dry
+// runs) is not answered from the empty record: the key is loaded first.
+// Only one blind write per owner; async calls always load first (they are
+// answered before any write).
+//
 // Corrupt records. A stored record this node cannot decode starts the key
 // conservatively EMPTY at the instant of the load: every limit as it is
 // right after spending its whole capacity, so corrupt state never admits
@@ -102,6 +115,10 @@ type action struct {
 	// arm asks the driver to call requestFlush after the async interval:
 	// the owner holds changes that are not written yet.
 	arm bool
+	// blind marks an actWrite that is a blind create (expected revision
+	// 0 without a load): losing it is the normal outcome for a key that
+	// exists, not a sign of another owner.
+	blind bool
 }
 
 // noDeadline is the deadline of a write no call waits on (async
@@ -131,6 +148,12 @@ type owner struct {
 	// stored is true when the store holds a record of the key (as far as
 	// this node knows): an absent key has nothing to keep alive.
 	stored bool
+
+	// blind allows one blind create (see above); it is cleared when
+	// used or when the key is loaded. blindWrite marks the outstanding
+	// write as one.
+	blind      bool
+	blindWrite bool
 
 	busy     bool    // a load or write is outstanding
 	loadAt   int64   // ns the outstanding load was asked for
@@ -259,6 +282,12 @@ func (o *owner) next(now int64) (a action) {
 		}
 		return a
 	}
+	if !o.loaded && o.blind {
+		o.blind = false
+		if a, ok := o.blindCreate(now); ok {
+			return a
+		}
+	}
 	if !o.loaded {
 		o.busy = true
 		o.loadAt = now
@@ -311,6 +340,44 @@ func (o *owner) next(now int64) (a action) {
 	return a
 }
 
+// blindCreate decides the queued calls against the empty record and
+// returns their write with expected revision 0, when they are all strict
+// and change something; otherwise it leaves the calls as they were
+// (queued, undecided) and reports false.
+func (o *owner) blindCreate(now int64) (action, bool) {
+	for _, c := range o.queue {
+		if o.policyFor(c).Mode != policies.ModeStrict {
+			return action{}, false
+		}
+	}
+	var rec record
+	write := false
+	for _, c := range o.queue {
+		write = o.decide(&rec, c, now) || write
+	}
+	if !write {
+		for _, c := range o.queue {
+			c.out, c.deduped = decision{}, false
+		}
+		return action{}, false
+	}
+	o.rec, o.rev, o.loaded, o.stored = rec, 0, true, false
+	o.lastWrite = 0
+	o.inflight = o.queue
+	o.queue = nil
+	o.asyncWrite = false
+	o.blindWrite = true
+	o.writeGen = o.gen
+	o.batchAt = now
+	o.busy = true
+	return action{
+		kind:     actWrite,
+		value:    appendRecord(make([]byte, 0, recordSizeHint(&o.rec)), &o.rec),
+		deadline: maxDeadline(o.inflight),
+		blind:    true,
+	}, true
+}
+
 // writeBehind returns the write of the dirty record (async mode).
 func (o *owner) writeBehind(now int64) action {
 	o.asyncWrite = true
@@ -339,6 +406,7 @@ func maxDeadline(cs []*call) int64 {
 // revision to expect). Another error fails the queued calls.
 func (o *owner) loadedResult(val []byte, rev uint64, err error) {
 	o.busy = false
+	o.blind = false
 	switch {
 	case err == nil:
 		rec, derr := decodeRecord(val)
@@ -373,8 +441,8 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 	o.busy = false
 	batch := o.inflight
 	o.inflight = nil
-	wasAsync := o.asyncWrite
-	o.asyncWrite = false
+	wasAsync, wasBlind := o.asyncWrite, o.blindWrite
+	o.asyncWrite, o.blindWrite = false, false
 	switch {
 	case err == nil:
 		o.rev, o.stored = rev, true
@@ -391,7 +459,9 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 		o.dropCache()
 		retry := batch[:0:0]
 		for _, c := range batch {
-			c.conflicts++
+			if !wasBlind {
+				c.conflicts++
+			}
 			c.out, c.deduped = decision{}, false
 			if c.conflicts >= o.maxConflicts {
 				o.finish(c, fmt.Errorf("%w: %d conflicting writes", ErrUnavailable, c.conflicts))

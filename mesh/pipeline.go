@@ -69,28 +69,30 @@ func (n *Node) writeAsync(as kvstate.AsyncStore, fenced bool, key string, e *key
 	timeout := n.opTimeout(a, now)
 	t0 := time.Now()
 	as.UpdateAsync(key, a.value, a.rev, timeout, func(rev uint64, err error) {
-		if fenced && errors.Is(err, kvstate.ErrConflict) && n.shards != nil {
+		// A lost blind create is the normal outcome for an existing key:
+		// no fencing check (the write after the load does it if needed).
+		if fenced && !a.blind && errors.Is(err, kvstate.ErrConflict) && n.shards != nil {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), timeout)
 				err := n.fenceConflict(ctx, key, err)
 				cancel()
 				n.observeOp("update", t0, err)
-				n.continueWrite(key, e, o, 0, err)
+				n.continueWrite(key, e, o, false, 0, err)
 			}()
 			return
 		}
 		n.observeOp("update", t0, err)
-		n.continueWrite(key, e, o, rev, err)
+		n.continueWrite(key, e, o, a.blind, rev, err)
 	})
 }
 
-func (n *Node) continueWrite(key string, e *keyEntry, o *owner, rev uint64, err error) {
+func (n *Node) continueWrite(key string, e *keyEntry, o *owner, blind bool, rev uint64, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			n.recoverKey(key, e, v)
 		}
 	}()
-	n.applyWrite(key, e, o, rev, err)
+	n.applyWrite(key, e, o, blind, rev, err)
 	n.runKey(key, e)
 }
 

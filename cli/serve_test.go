@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -14,15 +16,21 @@ import (
 	"time"
 )
 
-// freeAddr returns a loopback address with a port nobody listens on now.
+// freeAddr returns a loopback address with a port nobody listens on now,
+// from below the kernel's ephemeral range (32768 and up on Linux), so that
+// no outgoing connection can take it between this pick and the bind.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 10000 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		l, err := net.Listen("tcp", addr)
+		if err == nil {
+			l.Close()
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatal("no free loopback port")
+	return ""
 }
 
 // syncBuffer is a bytes.Buffer safe for the serve goroutine and the test.

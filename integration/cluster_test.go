@@ -3,7 +3,9 @@ package integration
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 
@@ -12,18 +14,28 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// freePorts reserves n loopback ports (closed again before use; a clash
-// with another process is unlikely and fails the test loudly).
+// freePorts picks n loopback ports nobody listens on now. They are closed
+// again before use, so they come from below the kernel's ephemeral range
+// (32768 and up on Linux): an outgoing connection of this or another test
+// process, which takes an ephemeral port, can then never grab one between
+// the pick and the bind.
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	ports := make([]int, n)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	ports := make([]int, 0, n)
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 10000 {
+			t.Fatal("no free loopback ports")
 		}
-		ports[i] = l.Addr().(*net.TCPAddr).Port
+		p := 20000 + rand.IntN(12000)
+		if slices.Contains(ports, p) {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
 		l.Close()
+		ports = append(ports, p)
 	}
 	return ports
 }

@@ -152,10 +152,20 @@ func TestFaultKillOwner(t *testing.T) {
 	procs[owner].kill()
 	killedAt := time.Now()
 	var newOwner string
-	waitFor(t, "a new owner of the partition", func() bool {
+	// The killed process took a JetStream server with it: if it led the
+	// shards stream, an election (up to 9 s) comes before the lease (3 s)
+	// can even be renewed or claimed, so this wait is longer than others.
+	deadline := time.Now().Add(3 * testTimeout)
+	for {
 		newOwner = partOwner(survivor, part)
-		return newOwner != "" && newOwner != ownerID
-	})
+		if newOwner != "" && newOwner != ownerID {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new owner of partition %d within %v of the kill", part, 3*testTimeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	l.waitDecisions(t, l.stats(), 200, 3*testTimeout, "after killing the owner")
 	resumed := time.Since(killedAt)
 	l.stop()

@@ -47,41 +47,7 @@ func TestReplicatedCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	ports := freePorts(t, 3)
-	var routes []string
-	for _, p := range ports {
-		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
-	}
-	servers := make([]*mesh.Embedded, 3)
-	var wg sync.WaitGroup
-	errs := make([]error, 3)
-	for i := range servers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			e, err := mesh.StartEmbedded(mesh.EmbeddedConfig{
-				Listen: "127.0.0.1:-1", DataDir: t.TempDir(), ServerName: fmt.Sprintf("s%d", i),
-				ClusterName: "lm", ClusterListen: fmt.Sprintf("127.0.0.1:%d", ports[i]), Routes: routes,
-			})
-			servers[i], errs[i] = e, err
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("server %d: %v", i, err)
-		}
-		t.Cleanup(servers[i].Shutdown)
-	}
-	// Wait for a JetStream meta leader before creating R3 buckets.
-	waitFor(t, "JetStream cluster leader", func() bool {
-		for _, s := range servers {
-			if s.Server().JetStreamIsLeader() {
-				return true
-			}
-		}
-		return false
-	})
+	servers := embeddedCluster(t, 3)
 	var n0 *testNode
 	waitFor(t, "first node started with R3 buckets", func() bool {
 		nc, err := nats.Connect(servers[0].ClientURL())
@@ -128,7 +94,7 @@ func TestReplicatedCluster(t *testing.T) {
 	}
 	const total = 80
 	replies := make([]reply, total)
-	var start sync.WaitGroup
+	var start, wg sync.WaitGroup
 	start.Add(1)
 	for i := 0; i < total; i++ {
 		wg.Add(1)

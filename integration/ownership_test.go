@@ -198,39 +198,7 @@ var acmeTenant = map[string]string{"tenant": "acme"}
 // waits for a meta leader.
 func startCluster(t *testing.T) []*mesh.Embedded {
 	t.Helper()
-	ports := freePorts(t, 3)
-	var routes []string
-	for _, p := range ports {
-		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
-	}
-	servers := make([]*mesh.Embedded, 3)
-	errs := make([]error, 3)
-	var wg sync.WaitGroup
-	for i := range servers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			servers[i], errs[i] = mesh.StartEmbedded(mesh.EmbeddedConfig{
-				Listen: "127.0.0.1:-1", DataDir: t.TempDir(), ServerName: fmt.Sprintf("s%d", i),
-				ClusterName: "lm", ClusterListen: fmt.Sprintf("127.0.0.1:%d", ports[i]), Routes: routes,
-			})
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("server %d: %v", i, err)
-		}
-		t.Cleanup(servers[i].Shutdown)
-	}
-	waitFor(t, "JetStream cluster leader", func() bool {
-		for _, s := range servers {
-			if s.Server().JetStreamIsLeader() {
-				return true
-			}
-		}
-		return false
-	})
+	servers := embeddedCluster(t, 3)
 	// The first node creates R3 buckets; retry while the cluster settles.
 	waitFor(t, "R3 buckets usable", func() bool {
 		nc, err := nats.Connect(servers[0].ClientURL())

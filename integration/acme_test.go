@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"sync"
 	"testing"
 	"time"
 
@@ -29,19 +28,7 @@ func TestAcmeBurst(t *testing.T) {
 		conns[i] = connect(t, e)
 	}
 	const n = 80
-	replies := make([]reply, n)
-	var start, wg sync.WaitGroup
-	start.Add(1)
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			start.Wait()
-			replies[i] = decide(t, conns[i%6], "rl.v1.decide", req(acmeDesc, ""))
-		}()
-	}
-	start.Done()
-	wg.Wait()
+	replies := burstReplies(t, conns, acmeDesc, n)
 	admitted := 0
 	for _, r := range replies {
 		if r.Code != "" {

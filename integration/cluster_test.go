@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
-	"sync"
 	"testing"
 
 	"github.com/limitmesh/limitmesh/mesh"
@@ -92,20 +91,7 @@ func TestReplicatedCluster(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		conns = append(conns, connect(t, servers[i%3]))
 	}
-	const total = 80
-	replies := make([]reply, total)
-	var start, wg sync.WaitGroup
-	start.Add(1)
-	for i := 0; i < total; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			start.Wait()
-			replies[i] = decide(t, conns[i%len(conns)], "rl.v1.decide", req(d, ""))
-		}()
-	}
-	start.Done()
-	wg.Wait()
+	replies := burstReplies(t, conns, d, 80)
 	admitted, unavailable := 0, 0
 	for _, r := range replies {
 		switch {

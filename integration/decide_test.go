@@ -3,7 +3,6 @@ package integration
 import (
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -214,20 +213,7 @@ func TestTwoNodesShareState(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		conns = append(conns, connect(t, e))
 	}
-	const n = 120
-	replies := make([]reply, n)
-	var start, wg sync.WaitGroup
-	start.Add(1)
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			start.Wait()
-			replies[i] = decide(t, conns[i%len(conns)], "rl.v1.decide", req(map[string]string{"tenant": "shared"}, ""))
-		}()
-	}
-	start.Done()
-	wg.Wait()
+	replies := burstReplies(t, conns, map[string]string{"tenant": "shared"}, 120)
 	admitted, unavailable := 0, 0
 	for _, r := range replies {
 		switch {

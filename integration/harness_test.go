@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -236,4 +237,41 @@ func waitApplied(t testing.TB, name string, rev uint64, nodes ...*testNode) {
 			return ok && got >= rev
 		})
 	}
+}
+
+// burstReplies sends n requests for desc at once (released together),
+// request i on conns[i%len(conns)], and returns the replies in order. A
+// request that gets no reply at all fails the test (after the burst: the
+// goroutines never call t.Fatal themselves).
+func burstReplies(t testing.TB, conns []*nats.Conn, desc map[string]string, n int) []reply {
+	t.Helper()
+	replies := make([]reply, n)
+	errs := make([]error, n)
+	body := []byte(req(desc, ""))
+	var start, wg sync.WaitGroup
+	start.Add(1)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start.Wait()
+			m, err := conns[i%len(conns)].Request("rl.v1.decide", body, testTimeout)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			errs[i] = json.Unmarshal(m.Data, &replies[i])
+			if m.Header != nil {
+				replies[i].Code = m.Header.Get(micro.ErrorCodeHeader)
+			}
+		}()
+	}
+	start.Done()
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("burst request %d: %v", i, err)
+		}
+	}
+	return replies
 }

@@ -6,7 +6,6 @@ import (
 	binenc "encoding/binary"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -92,19 +91,7 @@ func storedUnits(t *testing.T, kv jetstream.KeyValue, key string) int64 {
 // many were admitted (any error reply fails the test).
 func burstAt(t *testing.T, conns []*nats.Conn, tenant string, n int) int {
 	t.Helper()
-	replies := make([]reply, n)
-	var start, wg sync.WaitGroup
-	start.Add(1)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			start.Wait()
-			replies[i] = decide(t, conns[i%len(conns)], "rl.v1.decide", req(map[string]string{"tenant": tenant}, ""))
-		}()
-	}
-	start.Done()
-	wg.Wait()
+	replies := burstReplies(t, conns, map[string]string{"tenant": tenant}, n)
 	admitted := 0
 	for _, r := range replies {
 		if r.Code != "" {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -98,20 +97,7 @@ func ownerOf(t *testing.T, nodes []*testNode, tenant string) int {
 // returns the admitted count and the 503s.
 func burst(t *testing.T, conns []*nats.Conn, desc map[string]string, total int) (admitted, unavailable int) {
 	t.Helper()
-	replies := make([]reply, total)
-	var wg sync.WaitGroup
-	var start sync.WaitGroup
-	start.Add(1)
-	for i := range total {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			start.Wait()
-			replies[i] = decide(t, conns[i%len(conns)], "rl.v1.decide", req(desc, ""))
-		}()
-	}
-	start.Done()
-	wg.Wait()
+	replies := burstReplies(t, conns, desc, total)
 	for _, r := range replies {
 		switch {
 		case r.Code == "503":

@@ -247,3 +247,121 @@ func TestCorruptRecordStartsEmpty(t *testing.T) {
 		t.Fatalf("loaded %v corrupt %d", o.loaded, o.corrupt)
 	}
 }
+
+// TestAsyncBlindStart: with blind allowed, the first async call on a key
+// never read is decided inline against the empty record (no load), and the
+// write-behind is a blind create (expected revision 0). If it wins, the key
+// is an ordinary loaded key; if it loses (the key existed), the changes are
+// dropped and counted, and the key reloads and continues from the stored
+// record.
+func TestAsyncBlindStart(t *testing.T) {
+	p := tbPolicy(t, "p", 1, "10/s", 40, `,"mode":"async"`)
+	now := int64(1000 * sec)
+	for _, tc := range []struct {
+		name    string
+		exists  bool // the key is in the store (with 5 units left)
+		wantRev uint64
+	}{
+		{"absent", false, 1},
+		{"exists", true, 9},
+	} {
+		o := newOwner(newFakeEnv(p), 8, 0)
+		o.blind = true
+		c := newCall(p, 1, now+sec)
+		ok, arm := o.decideInline(c, now)
+		if !ok || !arm || !c.out.Allowed || c.out.Remaining != 39*kvstate.Unit {
+			t.Fatalf("%s: blind start: ok %v arm %v %+v", tc.name, ok, arm, c.out)
+		}
+		c2 := newCall(p, 2, now+sec)
+		if ok, arm := o.decideInline(c2, now); !ok || arm || c2.out.Remaining != 37*kvstate.Unit {
+			t.Fatalf("%s: second call: ok %v arm %v %+v", tc.name, ok, arm, c2.out)
+		}
+		if a := o.next(now); a.kind != actNone {
+			t.Fatalf("%s: store operation before the interval: %+v", tc.name, a)
+		}
+		o.requestFlush()
+		a := o.next(now)
+		mustKind(t, a, actWrite)
+		if !a.blind || a.rev != 0 || storedTokens(t, a.value) != 37*kvstate.Unit {
+			t.Fatalf("%s: first write-behind %+v, want a blind create of 37 units", tc.name, a)
+		}
+		if !tc.exists {
+			if o.written(1, nil) || !o.idle() || o.unread {
+				t.Fatalf("%s: after the create: idle %v unread %v", tc.name, o.idle(), o.unread)
+			}
+		} else {
+			if !o.written(0, errors.Join(errors.New("wrong last sequence"), kvstate.ErrConflict)) || o.lost != 1 || o.loaded {
+				t.Fatalf("%s: lost create: lost %d loaded %v", tc.name, o.lost, o.loaded)
+			}
+			c3 := newCall(p, 1, now+sec)
+			if ok, _ := o.decideInline(c3, now); ok {
+				t.Fatalf("%s: a second blind start", tc.name)
+			}
+			o.submit(c3)
+			mustKind(t, o.next(now), actLoad)
+			stored := record{policy: "p", revision: 1, states: []kvstate.State{{Algorithm: kvstate.TokenBucket, Tokens: 5 * kvstate.Unit, Last: now}}}
+			o.loadedResult(appendRecord(nil, &stored), 9, nil)
+			if a := o.next(now); len(a.finished) != 1 || c3.out.Remaining != 4*kvstate.Unit {
+				t.Fatalf("%s: after the reload %+v, want 4 left from the stored 5", tc.name, c3.out)
+			}
+		}
+		c4 := newCall(p, 1, now+sec)
+		if ok, _ := o.decideInline(c4, now); !ok {
+			t.Fatalf("%s: not decided inline after the first write", tc.name)
+		}
+		o.requestFlush()
+		a = o.next(now)
+		if a.kind != actWrite || a.blind || a.rev != tc.wantRev {
+			t.Fatalf("%s: next write-behind %+v, want an ordinary write at rev %d", tc.name, a, tc.wantRev)
+		}
+	}
+}
+
+// TestAsyncBlindStartNotTaken: a blind start needs blind allowed and a
+// call that changes the empty record; otherwise the key is loaded first.
+// A strict write made while the record is unread is a blind create too.
+func TestAsyncBlindStartNotTaken(t *testing.T) {
+	p := tbPolicy(t, "p", 1, "10/s", 40, `,"mode":"async"`)
+	now := int64(1000 * sec)
+	dry := newCall(p, 1, now+sec)
+	dry.dryRun = true
+	for _, tc := range []struct {
+		name  string
+		blind bool
+		c     *call
+	}{
+		{"not allowed", false, newCall(p, 1, now+sec)},
+		{"dry run", true, dry},
+		{"denied", true, newCall(p, 41, now+sec)},
+	} {
+		o := newOwner(newFakeEnv(p), 8, 0)
+		o.blind = tc.blind
+		if ok, _ := o.decideInline(tc.c, now); ok || o.loaded || o.blind != tc.blind || tc.c.out != (decision{}) {
+			t.Fatalf("%s: decided inline (ok %v, loaded %v, out %+v)", tc.name, ok, o.loaded, tc.c.out)
+		}
+		o.submit(tc.c)
+		mustKind(t, o.next(now), actLoad)
+	}
+
+	o := newOwner(newFakeEnv(p), 8, 0)
+	o.blind = true
+	env := o.env.(*fakeEnv)
+	if ok, _ := o.decideInline(newCall(p, 1, now+sec), now); !ok {
+		t.Fatal("no blind start")
+	}
+	strict := tbPolicy(t, "p", 2, "10/s", 40, "")
+	env.add(strict, now)
+	c := newCall(strict, 1, now+sec)
+	o.submit(c)
+	a := o.next(now)
+	mustKind(t, a, actWrite)
+	if !a.blind || a.rev != 0 || storedTokens(t, a.value) != 38*kvstate.Unit {
+		t.Fatalf("strict write on an unread record %+v, want a blind create of 38 units", a)
+	}
+	// It loses: the strict call is decided again after a load, without
+	// counting a conflict against it.
+	if !o.written(0, kvstate.ErrConflict) || c.conflicts != 0 || o.lost != 1 {
+		t.Fatalf("lost blind strict write: conflicts %d lost %d", c.conflicts, o.lost)
+	}
+	mustKind(t, o.next(now), actLoad)
+}

@@ -58,8 +58,18 @@ import (
 // calls are decided again after a load (a blind loss does not count
 // toward maxConflicts). A batch that would write nothing (denials, dry
 // runs) is not answered from the empty record: the key is loaded first.
-// Only one blind write per owner; async calls always load first (they are
-// answered before any write).
+// Only one blind start per owner (strict or async, below).
+//
+// Blind async start. Async calls are answered before any write, so for them
+// the blind start is the async bound's own case: when the driver allows
+// it, the first async call on a key this node has never read is decided
+// inline against the empty record (o.unread), and the first write of the
+// key (write-behind or a strict write carrying it) is a blind create. If
+// the key did exist, that write loses the compare-and-swap: the changes
+// decided since are dropped and counted as lost, and the key is reloaded,
+// exactly as after another writer's win (at most the async bound). A call
+// that would change nothing against the empty record (a dry run, a denial)
+// is not answered from it: the key is loaded first.
 //
 // Corrupt records. A stored record this node cannot decode starts the key
 // conservatively EMPTY at the instant of the load: every limit as it is
@@ -154,6 +164,10 @@ type owner struct {
 	// write as one.
 	blind      bool
 	blindWrite bool
+	// unread is true while rec was started empty without a read (blind
+	// async start) and no write of it has been acknowledged: every write
+	// meanwhile is a blind create.
+	unread bool
 
 	busy     bool    // a load or write is outstanding
 	loadAt   int64   // ns the outstanding load was asked for
@@ -216,12 +230,30 @@ func (o *owner) policyFor(c *call) *policies.Policy {
 // queued, no strict write is outstanding, and c's policy is async. It
 // reports whether it did; then c is finished (not handed out by next: the
 // caller replies) and arm tells the driver to arm the flush timer.
+//
+// On a key never read and with blind allowed, it starts the owner blind
+// (see Blind async start) when c changes the empty record.
 func (o *owner) decideInline(c *call, now int64) (ok, arm bool) {
-	if !o.loaded || len(o.queue) > 0 || (o.busy && !o.asyncWrite) || o.policyFor(c).Mode != policies.ModeAsync {
+	if len(o.queue) > 0 || (o.busy && !o.asyncWrite) || o.policyFor(c).Mode != policies.ModeAsync {
 		return false, false
 	}
 	if now >= c.deadline {
 		return false, false
+	}
+	if !o.loaded {
+		if !o.blind || o.busy || c.dryRun {
+			return false, false
+		}
+		var rec record
+		if !o.decide(&rec, c, now) {
+			c.out, c.deduped = decision{}, false
+			return false, false
+		}
+		o.blind = false
+		o.rec, o.rev, o.loaded, o.stored, o.unread = rec, 0, true, false, true
+		o.lastWrite = 0
+		o.markDirty()
+		return true, o.armIfDirty()
 	}
 	if o.decide(&o.rec, c, now) || o.keepAliveDue(now) {
 		o.markDirty()
@@ -329,6 +361,7 @@ func (o *owner) next(now int64) (a action) {
 	// A strict write carries any unwritten async changes too.
 	o.inflight = strict
 	o.asyncWrite = false
+	o.blindWrite = o.unread
 	o.writeGen = o.gen
 	o.flushReq = false
 	o.batchAt = now
@@ -337,6 +370,7 @@ func (o *owner) next(now int64) (a action) {
 	a.value = appendRecord(make([]byte, 0, recordSizeHint(&o.rec)), &o.rec)
 	a.rev = o.rev
 	a.deadline = maxDeadline(o.inflight)
+	a.blind = o.unread
 	return a
 }
 
@@ -381,6 +415,7 @@ func (o *owner) blindCreate(now int64) (action, bool) {
 // writeBehind returns the write of the dirty record (async mode).
 func (o *owner) writeBehind(now int64) action {
 	o.asyncWrite = true
+	o.blindWrite = o.unread
 	o.writeGen = o.gen
 	o.flushReq = false
 	o.batchAt = now
@@ -390,6 +425,7 @@ func (o *owner) writeBehind(now int64) action {
 		value:    appendRecord(make([]byte, 0, recordSizeHint(&o.rec)), &o.rec),
 		rev:      o.rev,
 		deadline: noDeadline,
+		blind:    o.unread,
 	}
 }
 
@@ -406,7 +442,7 @@ func maxDeadline(cs []*call) int64 {
 // revision to expect). Another error fails the queued calls.
 func (o *owner) loadedResult(val []byte, rev uint64, err error) {
 	o.busy = false
-	o.blind = false
+	o.blind, o.unread = false, false
 	switch {
 	case err == nil:
 		rec, derr := decodeRecord(val)
@@ -445,7 +481,7 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 	o.asyncWrite, o.blindWrite = false, false
 	switch {
 	case err == nil:
-		o.rev, o.stored = rev, true
+		o.rev, o.stored, o.unread = rev, true, false
 		o.lastWrite = o.batchAt
 		if o.gen == o.writeGen {
 			o.dirty = false
@@ -493,7 +529,7 @@ func (o *owner) dropCache() {
 	if o.dirty {
 		o.lost++
 	}
-	o.loaded, o.dirty, o.flushReq = false, false, false
+	o.loaded, o.dirty, o.flushReq, o.unread = false, false, false, false
 	o.rec = record{}
 }
 

@@ -58,6 +58,9 @@ type keyTable struct {
 	blindScore atomic.Int64
 
 	local *localTable
+
+	// flush times the async write-behinds (async_flush.go).
+	flush flushWheel
 }
 
 func newKeyTable() *keyTable {
@@ -147,23 +150,6 @@ func (n *Node) asyncInterval() time.Duration {
 		return n.cfg.AsyncInterval
 	}
 	return DefaultAsyncInterval
-}
-
-// armFlush makes key's owner write its unwritten async changes after the
-// async interval (the owner asked with action.arm).
-func (n *Node) armFlush(key string, e *keyEntry) {
-	time.AfterFunc(n.asyncInterval(), func() {
-		e.mu.Lock()
-		e.o.requestFlush()
-		start := !e.running && e.o.flushReq
-		if start {
-			e.running = true
-		}
-		e.mu.Unlock()
-		if start {
-			n.runKey(key, e)
-		}
-	})
 }
 
 // runKey drives one key's owner core until it has nothing to do or waits

@@ -68,10 +68,11 @@ func (n *Node) continueLoad(key string, e *keyEntry, o *owner, val []byte, rev u
 func (n *Node) writeAsync(as kvstate.AsyncStore, fenced bool, key string, e *keyEntry, o *owner, a action, now int64) {
 	timeout := n.opTimeout(a, now)
 	t0 := time.Now()
+	blind := a.blind // the closure keeps only what it needs, not a
 	as.UpdateAsync(key, a.value, a.rev, timeout, func(rev uint64, err error) {
 		// A lost blind create is the normal outcome for an existing key:
 		// no fencing check (the write after the load does it if needed).
-		if fenced && !a.blind && errors.Is(err, kvstate.ErrConflict) && n.shards != nil {
+		if fenced && !blind && errors.Is(err, kvstate.ErrConflict) && n.shards != nil {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), timeout)
 				err := n.fenceConflict(ctx, key, err)
@@ -82,7 +83,7 @@ func (n *Node) writeAsync(as kvstate.AsyncStore, fenced bool, key string, e *key
 			return
 		}
 		n.observeOp("update", t0, err)
-		n.continueWrite(key, e, o, a.blind, rev, err)
+		n.continueWrite(key, e, o, blind, rev, err)
 	})
 }
 

@@ -1,11 +1,16 @@
 package mesh
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // asyncOwner is an owner of an async policy (rate 10/s, burst 40) loaded
@@ -364,4 +369,83 @@ func TestAsyncBlindStartNotTaken(t *testing.T) {
 		t.Fatalf("lost blind strict write: conflicts %d lost %d", c.conflicts, o.lost)
 	}
 	mustKind(t, o.next(now), actLoad)
+}
+
+// TestAsyncBlindStartOnJetStream drives the blind async start through a
+// node on a real JetStream store: a node that has never read a key which
+// another node already spent decides its first call against the empty
+// record (the documented overshoot), its write-behind loses the create,
+// and after the reload it decides from the stored record.
+func TestAsyncBlindStartOnJetStream(t *testing.T) {
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	nc, err := emb.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "rl_state"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kvstate.NewJetStreamStore(ctx, js, "rl_state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := tbPolicy(t, "p", 1, "1/h", 5, `,"mode":"async"`)
+	poll := func(what string, done func() bool) {
+		t.Helper()
+		tk := time.NewTicker(2 * time.Millisecond)
+		defer tk.Stop()
+		for !done() {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("waiting for %s: %v", what, ctx.Err())
+			case <-tk.C:
+			}
+		}
+	}
+	decide := func(n *Node, cost int, allowed bool, remaining int) {
+		t.Helper()
+		rep := n.decideOffline(t, `{"descriptor":{"tenant":"a"},"cost":`+fmt.Sprint(cost)+`}`)
+		want := `{"allowed":` + map[bool]string{true: "true", false: "false"}[allowed] + `,"policy":"p","revision":1,"remaining":` + fmt.Sprint(remaining) // whole units (a denial may show a refilled fraction)
+		if rep.code != "" || !strings.HasPrefix(string(rep.body), want) {
+			t.Fatalf("cost %d: %s %s, want prefix %s", cost, rep.code, rep.body, want)
+		}
+	}
+
+	n1 := offlineNode(t, st, time.Second, p)
+	decide(n1, 5, true, 0)
+	poll("the first node's write-behind", func() bool {
+		keys, err := kv.ListKeys(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		count := 0
+		for range keys.Keys() {
+			count++
+		}
+		return count == 1
+	})
+
+	n2 := offlineNode(t, st, time.Second, p)
+	decide(n2, 1, true, 4) // blind: decided against the empty record
+	poll("the lost create", func() bool { return counterValue(t, n2, "limitmesh_async_lost_writes_total") >= 1 })
+	decide(n2, 1, false, 0) // reloaded: the stored record has nothing left
+	// The lost create (-2) and the load that found the key (-1).
+	if got := n2.keys.blindScore.Load(); got != blindScoreStart-3 {
+		t.Fatalf("blind score %d after a lost create, want %d", got, blindScoreStart-3)
+	}
+	if c := counterValue(t, n2, "limitmesh_cas_conflicts_total"); c != 0 {
+		t.Fatalf("a lost blind create counted as %v CAS conflicts", c)
+	}
 }

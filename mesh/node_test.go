@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"runtime"
 	"testing"
 	"time"
 
@@ -73,8 +74,15 @@ func (n *Node) decideOffline(t *testing.T, body string) fakeReply {
 	n.handleDecide(r)
 	select {
 	case rep := <-r.out:
-		if n.inflight.Load() != 0 {
-			t.Errorf("in-flight count %d after the reply", n.inflight.Load())
+		// The count drops right after the reply is handed over (so that
+		// Stop never drains before the reply is out): wait for it, bounded.
+		deadline := time.Now().Add(5 * time.Second)
+		for n.inflight.Load() != 0 {
+			if time.Now().After(deadline) {
+				t.Errorf("in-flight count %d after the reply", n.inflight.Load())
+				break
+			}
+			runtime.Gosched()
 		}
 		return rep
 	case <-time.After(10 * time.Second):

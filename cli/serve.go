@@ -66,7 +66,10 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 		if err := parseFlags(fs, args, s); err != nil {
 			return err
 		}
-		return c.validate()
+		if err := c.validate(); err != nil {
+			return &exitError{code: 2, err: err} // a bad flag value, like a parse error
+		}
+		return nil
 	}
 }
 

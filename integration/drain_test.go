@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/limitmesh/limitmesh/mesh"
 	"github.com/nats-io/nats.go"
 )
 
@@ -18,15 +17,9 @@ import (
 func TestStopDrains(t *testing.T) {
 	e := server(t, t.TempDir())
 	nc := connect(t, e)
-	n, err := mesh.NewNode(nc, mesh.NodeConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := startOwnNode(t, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	if err := n.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	client := connect(t, e)
 	rev := putPolicy(t, client, "rl_policies", "slow", slowPolicy)
 	waitRevision(t, client, map[string]string{"tenant": "probe"}, rev)

@@ -275,3 +275,19 @@ func burstReplies(t testing.TB, conns []*nats.Conn, desc map[string]string, n in
 	}
 	return replies
 }
+
+// startOwnNode starts a node on nc and leaves stopping it to the test (for
+// tests that stop, restart or kill it themselves).
+func startOwnNode(t testing.TB, nc *nats.Conn) *mesh.Node {
+	t.Helper()
+	n, err := mesh.NewNode(nc, mesh.NodeConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	if err := n.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -101,15 +101,9 @@ func TestRestartKeepsState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := mesh.NewNode(nc, mesh.NodeConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := startOwnNode(t, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	if err := n.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	rev := putPolicy(t, nc, "rl_policies", "slow", slowPolicy)
 	d := map[string]string{"tenant": "restart"}
 	waitRevision(t, nc, d, rev)

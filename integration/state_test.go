@@ -75,15 +75,9 @@ func TestTransitionFromHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := mesh.NewNode(nc, mesh.NodeConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := startOwnNode(t, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	if err := n.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	v1 := putPolicy(t, admin, "rl_policies", "tr", `{"match":{"tenant":"*"},"limits":[
 		{"name":"a","algorithm":"token_bucket","rate":"1/h","burst":40}]}`)
 	d := map[string]string{"tenant": "t"}

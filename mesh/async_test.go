@@ -10,7 +10,6 @@ import (
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // asyncOwner is an owner of an async policy (rate 10/s, burst 40) loaded
@@ -377,30 +376,9 @@ func TestAsyncBlindStartNotTaken(t *testing.T) {
 // record (the documented overshoot), its write-behind loses the create,
 // and after the reload it decides from the stored record.
 func TestAsyncBlindStartOnJetStream(t *testing.T) {
-	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Shutdown)
-	nc, err := emb.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, kv, st := jsStateStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "rl_state"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := kvstate.NewJetStreamStore(ctx, js, "rl_state")
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := tbPolicy(t, "p", 1, "1/h", 5, `,"mode":"async"`)
 	poll := func(what string, done func() bool) {
 		t.Helper()

@@ -12,10 +12,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// jsNode is an offline node (no micro service, no ownership) on the real
-// JetStream store of an embedded server, so the key runners use the
-// pipelined operations; it returns the state bucket too.
-func jsNode(t *testing.T, timeout time.Duration, burst int) (*Node, jetstream.JetStream, jetstream.KeyValue) {
+// jsStateStore starts an embedded server (stopped at cleanup) with a
+// "rl_state" bucket and returns it with the JetStream store on it.
+func jsStateStore(t *testing.T) (jetstream.JetStream, jetstream.KeyValue, *kvstate.JetStreamStore) {
 	t.Helper()
 	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
 	if err != nil {
@@ -41,6 +40,15 @@ func jsNode(t *testing.T, timeout time.Duration, burst int) (*Node, jetstream.Je
 	if err != nil {
 		t.Fatal(err)
 	}
+	return js, kv, st
+}
+
+// jsNode is an offline node (no micro service, no ownership) on the real
+// JetStream store of an embedded server, so the key runners use the
+// pipelined operations; it returns the state bucket too.
+func jsNode(t *testing.T, timeout time.Duration, burst int) (*Node, jetstream.JetStream, jetstream.KeyValue) {
+	t.Helper()
+	js, kv, st := jsStateStore(t)
 	n := offlineNode(t, st, timeout, tbPolicy(t, "p", 1, "1/h", burst, ""))
 	if as, _ := n.asyncStore(); as == nil {
 		t.Fatal("the JetStream store is not an AsyncStore")

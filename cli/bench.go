@@ -13,6 +13,7 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -90,6 +91,7 @@ type benchConfig struct {
 	jsonOut      bool
 	quiet        bool
 	verbose      bool
+	cpuProfile   string
 }
 
 func benchFlags(s stdio) (*benchConfig, func([]string) error) {
@@ -110,6 +112,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.BoolVar(&c.jsonOut, "json", false, "print the results as one JSON object on the last line")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	fs.BoolVar(&c.verbose, "v", false, "log what the embedded node does")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the decide phase (this process: the embedded node too) to `file`")
 	fs.Usage = func() {
 		fmt.Fprintln(s.err, "usage: limitmesh bench [--nats-url URL] [--duration 10s] [--concurrency 64] [--keys 10000] [--zipf 1.1] [--mode strict] [--json]")
 		fmt.Fprintln(s.err, "Without --nats-url, bench starts an embedded node in this process.")
@@ -346,7 +349,14 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	for i := range tally {
 		tally[i].first.Store(math.MaxInt64)
 	}
+	stopProfile, err := startCPUProfile(c.cpuProfile)
+	if err != nil {
+		return err
+	}
 	decide, err := r.phase(ctx, "decide", plan.decideSubj, c.duration, tally)
+	if perr := stopProfile(); err == nil {
+		err = perr
+	}
 	if err != nil {
 		return err
 	}
@@ -361,6 +371,26 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 			formatUnits(rep.OvershootMicro), rep.OvershootKeys)
 	}
 	return nil
+}
+
+// startCPUProfile starts a CPU profile into path (none when path is empty);
+// the returned function stops it and closes the file.
+func startCPUProfile(path string) (func() error, error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %v", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %v", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
 }
 
 // startBenchNode starts an embedded NATS server and a node on it; stop

@@ -76,7 +76,11 @@ func TestFaultPartition(t *testing.T) {
 		t.Logf("the cut-off side was admitted %d after the cut (writes committed just before it)", nCut.admitted)
 	}
 
-	// Heal: both sides decide again.
+	// Heal: both sides decide again. Requests in flight at the cut are
+	// given up by their clients one request timeout after it at the latest
+	// (the majority may decide again well before): count them in the cut,
+	// not after healing.
+	time.Sleep(time.Until(cutAt.Add(faultRequestTimeout + 100*time.Millisecond)))
 	m1, n1 := maj.stats(), minor.stats()
 	maj.resetGap()
 	minor.resetGap()

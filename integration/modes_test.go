@@ -57,20 +57,25 @@ func limitKey(t *testing.T, tenant string) string {
 	return k
 }
 
-// storedUnits reads the whole units of the first limit stored for key
-// (docs/protocol.md: version, policy, revision, states), or -1 when the
-// key has no value.
-func storedUnits(t *testing.T, kv jetstream.KeyValue, key string) int64 {
+// storedUnits reads the whole units of the first limit in key's latest
+// durable record (journalled or in the state bucket: mesh.ReadStateRecord;
+// docs/protocol.md: version, policy, revision, states), or -1 when the
+// key has none.
+func storedUnits(t *testing.T, nc *nats.Conn, key string) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	e, err := kv.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	val, err := mesh.ReadStateRecord(ctx, js, "rl", key)
+	if errors.Is(err, kvstate.ErrNotFound) {
 		return -1
 	} else if err != nil {
 		t.Fatal(err)
 	}
-	r := bytes.NewReader(e.Value())
+	r := bytes.NewReader(val)
 	if v, _ := r.ReadByte(); v != 1 {
 		t.Fatalf("record version %d", v)
 	}
@@ -122,16 +127,15 @@ func TestAsyncMode(t *testing.T) {
 	if int64(admitted) > 40+bound.Limits[0].Units/kvstate.Unit || admitted != 40 {
 		t.Fatalf("async admitted %d of 80, want 40 (bound 40 + %s)", admitted, bound.Limits[0].Arithmetic)
 	}
-	kv := stateKV(t, tn.nc)
 	key := limitKey(t, "a")
-	waitFor(t, "async state written behind", func() bool { return storedUnits(t, kv, key) == 0 })
+	waitFor(t, "async state written behind", func() bool { return storedUnits(t, tn.nc, key) == 0 })
 	// A retry with a request_id reaching the same owner is deduped.
 	first := decide(t, tn.nc, "rl.v1.decide", req(map[string]string{"tenant": "b"}, `"request_id":"r-1"`))
 	again := decide(t, tn.nc, "rl.v1.decide", req(map[string]string{"tenant": "b"}, `"request_id":"r-1"`))
 	if !first.Allowed || again != first || first.Remaining != 39 {
 		t.Fatalf("dedupe in async mode: %+v then %+v", first, again)
 	}
-	waitFor(t, "deduped state written", func() bool { return storedUnits(t, kv, limitKey(t, "b")) == 39 })
+	waitFor(t, "deduped state written", func() bool { return storedUnits(t, tn.nc, limitKey(t, "b")) == 39 })
 }
 
 // TestLocalModeTwoNodes: a local policy is enforced by each node alone
@@ -172,7 +176,6 @@ func TestLocalModeTwoNodes(t *testing.T) {
 func TestModeSwitch(t *testing.T) {
 	_, tn, _ := single(t)
 	d := map[string]string{"tenant": "sw"}
-	kv := stateKV(t, tn.nc)
 	key := limitKey(t, "sw")
 	spend := func(n int, want float64) {
 		t.Helper()
@@ -184,17 +187,17 @@ func TestModeSwitch(t *testing.T) {
 		}
 	}
 	spend(10, 30)
-	if got := storedUnits(t, kv, key); got != 30 {
+	if got := storedUnits(t, tn.nc, key); got != 30 {
 		t.Fatalf("strict: stored %d, want 30 at once", got)
 	}
 	rev := putPolicy(t, tn.nc, "rl_policies", "slow", modePolicy("async"))
 	waitRevision(t, tn.nc, d, rev)
 	spend(10, 20)
-	waitFor(t, "async state written", func() bool { return storedUnits(t, kv, key) == 20 })
+	waitFor(t, "async state written", func() bool { return storedUnits(t, tn.nc, key) == 20 })
 	rev = putPolicy(t, tn.nc, "rl_policies", "slow", slowPolicy)
 	waitRevision(t, tn.nc, d, rev)
 	spend(5, 15)
-	if got := storedUnits(t, kv, key); got != 15 {
+	if got := storedUnits(t, tn.nc, key); got != 15 {
 		t.Fatalf("strict again: stored %d, want 15 at once", got)
 	}
 }

@@ -348,11 +348,16 @@ func TestDeposedOwnerFenced(t *testing.T) {
 	// The intruder spends the rest of the key (it decides against the
 	// stored state: copy it with a CAS write, so the node's cached
 	// revision is stale).
-	cur, err := state.Get(ctx, key)
+	// (The record may still be in the node's journal only.)
+	val, err := mesh.ReadStateRecord(ctx, js, "rl", key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := state.Update(ctx, key, cur.Value(), cur.Revision()); err != nil {
+	var rev uint64
+	if cur, err := state.Get(ctx, key); err == nil {
+		rev = cur.Revision()
+	}
+	if _, err := state.Update(ctx, key, val, rev); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "deposed owner stops serving", func() bool { return !n.node.Owns(p) })

@@ -94,6 +94,13 @@ type NodeConfig struct {
 	// their last successful renewal; other nodes take over a partition
 	// whose entry was not renewed for LeaseTime as they observe it.
 	LeaseTime time.Duration
+	// CheckpointInterval is how often journalled state records are
+	// checkpointed to the state bucket (journal.go); default
+	// DefaultCheckpointInterval.
+	CheckpointInterval time.Duration
+	// NoJournal writes every state record to the state bucket (one
+	// compare-and-swap per key and batch) instead of journalling them.
+	NoJournal bool
 	// NodeID names the node in the shards bucket ([A-Za-z0-9_-], 1..64
 	// bytes); default: random. It must be unique among running nodes; a
 	// node restarted with the same id takes its old entries over at once.
@@ -119,8 +126,9 @@ type Node struct {
 	watcher  *policyWatcher
 	store    kvstate.Store
 	keys     *keyTable
-	router   *router      // nil in offline unit tests: every key is decided here
-	shards   *shardRunner // nil before Start
+	router   *router       // nil in offline unit tests: every key is decided here
+	shards   *shardRunner  // nil before Start
+	journal  *journalStore // nil before Start and with NoJournal
 
 	ready    atomic.Bool
 	inflight atomic.Int64
@@ -155,6 +163,9 @@ func NewNode(nc *nats.Conn, cfg NodeConfig) (*Node, error) {
 	}
 	if cfg.MaxConflicts <= 0 {
 		cfg.MaxConflicts = DefaultMaxConflicts
+	}
+	if cfg.CheckpointInterval <= 0 {
+		cfg.CheckpointInterval = DefaultCheckpointInterval
 	}
 	if cfg.Partitions == 0 {
 		cfg.Partitions = DefaultPartitions
@@ -296,7 +307,10 @@ func (n *Node) Start(ctx context.Context) error {
 	go func() { defer n.bg.Done(); n.watcher.run(bgctx, w, ready) }()
 	go func() {
 		defer n.bg.Done()
-		n.keys.sweep(bgctx, n.clock, max(min(n.cfg.StateTTL, time.Minute), time.Second))
+		// Cached keys go well before their records expire from the
+		// bucket (which happens up to a checkpoint interval after the
+		// last change): an idle key then starts from the bucket, fresh.
+		n.keys.sweep(bgctx, n.clock, max(min(n.cfg.StateTTL/2, time.Minute), 500*time.Millisecond))
 	}()
 	select {
 	case <-ready:
@@ -304,6 +318,17 @@ func (n *Node) Start(ctx context.Context) error {
 		cancel()
 		n.bg.Wait()
 		return fmt.Errorf("mesh: waiting for the initial policies: %w", ctx.Err())
+	}
+
+	if !n.cfg.NoJournal {
+		j, err := n.startJournal(ctx, bgctx, js, store)
+		if err != nil {
+			cancel()
+			n.bg.Wait()
+			return err
+		}
+		n.journal = j
+		n.store = &fencedStore{Store: j, n: n}
 	}
 
 	// Ownership: watch the shards bucket, claim this node's partitions, and

@@ -88,7 +88,17 @@ type partValue struct {
 	// Epoch is 0 in a claiming write (the epoch is that entry's own
 	// revision) and the claim's revision in renewals.
 	Epoch uint64 `json:"epoch,omitempty"`
+	// From, in a claiming write, lists the nodes whose state journals the
+	// claimer adopts the partition's records from (journal.go), oldest
+	// first. Renewals, written once the adoption is done, carry none: a
+	// node claiming over an entry that was never renewed adopts from these
+	// too, so a claimer that failed before finishing loses nothing.
+	From []string `json:"from,omitempty"`
 }
+
+// maxAdoptSources bounds partValue.From (a chain of claimers that each
+// failed to finish adopting; the oldest are dropped beyond it).
+const maxAdoptSources = 8
 
 // decodePartValue decodes a part.<n> value. It never panics.
 func decodePartValue(b []byte) (partValue, error) {
@@ -98,6 +108,17 @@ func decodePartValue(b []byte) (partValue, error) {
 	}
 	if !nodeIDRE.MatchString(v.Node) {
 		return v, fmt.Errorf("%w: shard entry: node %q", ErrCorruptRecord, v.Node)
+	}
+	if len(v.From) == 0 {
+		v.From = nil
+	}
+	if len(v.From) > maxAdoptSources {
+		return v, fmt.Errorf("%w: shard entry: %d adoption sources", ErrCorruptRecord, len(v.From))
+	}
+	for _, f := range v.From {
+		if !nodeIDRE.MatchString(f) {
+			return v, fmt.Errorf("%w: shard entry: adoption source %q", ErrCorruptRecord, f)
+		}
 	}
 	return v, nil
 }
@@ -109,6 +130,16 @@ func appendPartValue(dst []byte, v partValue) []byte {
 		dst = append(dst, `,"epoch":`...)
 		dst = strconv.AppendUint(dst, v.Epoch, 10)
 	}
+	if len(v.From) > 0 {
+		dst = append(dst, `,"from":[`...)
+		for i, f := range v.From {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = strconv.AppendQuote(dst, f)
+		}
+		dst = append(dst, ']')
+	}
 	return append(dst, '}')
 }
 
@@ -117,8 +148,9 @@ type partObs struct {
 	exists bool   // false: never seen, deleted or purged
 	node   string // owner named by the entry
 	epoch  uint64
-	rev    uint64 // entry revision (of the delete marker when deleted)
-	seen   int64  // local instant rev was first observed
+	from   []string // a claiming entry's adoption sources (partValue.From)
+	rev    uint64   // entry revision (of the delete marker when deleted)
+	seen   int64    // local instant rev was first observed
 }
 
 // memberObs is what this node last observed of one node.<id> entry.
@@ -162,6 +194,12 @@ type shardOp struct {
 	rev   uint64 // expected revision
 	epoch uint64 // opRenew: the epoch to keep
 	at    int64  // instant the op was issued (its send instant)
+	// sources are, for opClaim, the nodes whose state journals the
+	// claimer adopts the partition's records from (journal.go), oldest
+	// first: the node the entry named before the claim and, when that
+	// entry was a claim never renewed, its own sources. None when the
+	// entry was absent or deleted.
+	sources []string
 }
 
 // shardCore is the ownership state machine of one node. Not safe for
@@ -220,6 +258,7 @@ func (c *shardCore) observePart(n int, v partValue, rev uint64, deleted bool, no
 		o.node, o.epoch = v.Node, v.Epoch
 		if o.epoch == 0 {
 			o.epoch = rev
+			o.from = v.From
 		}
 	}
 	c.obs[n] = o
@@ -304,12 +343,17 @@ func (c *shardCore) tick(now int64) []shardOp {
 			case o.exists && o.node == c.self && target == c.self:
 				// Our own entry from before (a restart with the same id, a
 				// failed release): take it over in a new epoch.
-				ops = append(ops, c.claim(n, o.rev, now))
+				ops = append(ops, c.claim(n, o.rev, adoptSources(o), now))
+			case o.exists && o.node == c.self && len(o.from) > 0:
+				// Our claim whose adoption did not finish, and the
+				// partition is another node's now: deleting the entry
+				// would lose its sources. It expires; the next claimer
+				// adopts from them (and from us).
 			case o.exists && o.node == c.self:
 				h.state = holdReleasing
 				ops = append(ops, shardOp{kind: opRelease, part: n, rev: o.rev, at: now})
 			case target == c.self && c.free(n, now):
-				ops = append(ops, c.claim(n, o.rev, now))
+				ops = append(ops, c.claim(n, o.rev, adoptSources(o), now))
 			}
 		case holdOwned:
 			switch {
@@ -327,9 +371,28 @@ func (c *shardCore) tick(now int64) []shardOp {
 	return ops
 }
 
-func (c *shardCore) claim(n int, rev uint64, now int64) shardOp {
+func (c *shardCore) claim(n int, rev uint64, sources []string, now int64) shardOp {
 	c.mine[n] = holding{state: holdClaiming, sentAt: now}
-	return shardOp{kind: opClaim, part: n, rev: rev, at: now}
+	return shardOp{kind: opClaim, part: n, rev: rev, at: now, sources: sources}
+}
+
+// adoptSources returns the adoption sources of a claim over the entry o:
+// its unfinished claim's sources, then the node it names (none when it
+// does not exist), without repeats, at most maxAdoptSources.
+func adoptSources(o partObs) []string {
+	if !o.exists {
+		return nil
+	}
+	var src []string
+	for _, id := range append(slices.Clone(o.from), o.node) {
+		if nodeIDRE.MatchString(id) && !slices.Contains(src, id) {
+			src = append(src, id)
+		}
+	}
+	if len(src) > maxAdoptSources {
+		src = src[len(src)-maxAdoptSources:]
+	}
+	return src
 }
 
 // claimed reports the result of an opClaim: the new revision, or err

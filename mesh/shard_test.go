@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"reflect"
 	"strconv"
 	"testing"
 )
@@ -488,13 +489,14 @@ func TestShardSettled(t *testing.T) {
 }
 
 func TestPartValueRoundTrip(t *testing.T) {
-	for _, v := range []partValue{{Node: "a"}, {Node: "node-1_X", Epoch: 77}} {
+	for _, v := range []partValue{{Node: "a"}, {Node: "node-1_X", Epoch: 77}, {Node: "b", From: []string{"a", "c-1"}}} {
 		got, err := decodePartValue(appendPartValue(nil, v))
-		if err != nil || got != v {
+		if err != nil || !reflect.DeepEqual(got, v) {
 			t.Fatalf("%+v -> %+v, %v", v, got, err)
 		}
 	}
-	for _, bad := range []string{"", "{}", `{"node":""}`, `{"node":"a b"}`, `{"node":1}`, "nul"} {
+	for _, bad := range []string{"", "{}", `{"node":""}`, `{"node":"a b"}`, `{"node":1}`, "nul",
+		`{"node":"a","from":["b c"]}`, `{"node":"a","from":["1","2","3","4","5","6","7","8","9"]}`} {
 		if _, err := decodePartValue([]byte(bad)); !errors.Is(err, ErrCorruptRecord) {
 			t.Fatalf("%q: err %v, want ErrCorruptRecord", bad, err)
 		}
@@ -506,13 +508,14 @@ func FuzzDecodePartValue(f *testing.F) {
 	f.Add([]byte(`{"node":"a"}`))
 	f.Add([]byte(`{"epoch":-1}`))
 	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"node":"b","from":["a"]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		v, err := decodePartValue(b)
 		if err != nil {
 			return
 		}
 		again, err := decodePartValue(appendPartValue(nil, v))
-		if err != nil || again != v {
+		if err != nil || !reflect.DeepEqual(again, v) {
 			t.Fatalf("re-encoding %+v: %+v, %v", v, again, err)
 		}
 	})

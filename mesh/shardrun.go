@@ -165,6 +165,11 @@ func (s *shardRunner) observe(e jetstream.KeyValueEntry) {
 			}
 		}
 		s.core.observePart(n, v, e.Revision(), deleted, now)
+		// Another node renewed (so it finished adopting from this node's
+		// journal) or the entry was released (checkpointed first).
+		if j := s.n.journal; j != nil && (deleted || (v.Node != s.core.self && v.Epoch != 0)) {
+			j.ownedElsewhere(n)
+		}
 	}
 }
 
@@ -229,6 +234,9 @@ func (s *shardRunner) sync(now int64) {
 	for _, p := range s.core.takeLost() {
 		s.log.Warn("partition lost", "partition", p)
 		s.n.dropPartitionKeys(p)
+		if j := s.n.journal; j != nil {
+			j.lose(p)
+		}
 	}
 	m := s.n.metrics
 	m.ownedPartitions.Set(float64(s.core.owned()))
@@ -268,11 +276,27 @@ func (s *shardRunner) do(ctx context.Context, op shardOp) {
 	key := "part." + strconv.Itoa(op.part)
 	switch op.kind {
 	case opClaim:
-		r.rev, r.err = s.kv.Update(opCtx, key, appendPartValue(nil, partValue{Node: s.core.self}), op.rev)
+		r.rev, r.err = s.kv.Update(opCtx, key, appendPartValue(nil, partValue{Node: s.core.self, From: op.sources}), op.rev)
+		if r.err == nil && s.n.journal != nil {
+			r.err = s.adopt(ctx, op, r.rev)
+		}
 	case opRenew:
 		r.rev, r.err = s.kv.Update(opCtx, key, appendPartValue(nil, partValue{Node: s.core.self, Epoch: op.epoch}), op.rev)
 	case opRelease:
 		s.drain(ctx, op.part)
+		if j := s.n.journal; j != nil {
+			// The next owner reads the state bucket, not this node's
+			// journal: checkpoint first, or leave the entry to expire
+			// (then the next owner adopts from the journal).
+			jctx, cancel := context.WithTimeout(ctx, max(s.lease, 5*time.Second))
+			r.err = j.release(jctx, op.part)
+			cancel()
+			if r.err != nil {
+				s.log.Warn("partition not checkpointed before its release; leaving its entry to expire",
+					"partition", op.part, "error", r.err.Error())
+				break
+			}
+		}
 		opCtx2, cancel2 := context.WithTimeout(ctx, max(s.lease/3, 50*time.Millisecond))
 		r.err = s.kv.Delete(opCtx2, key, jetstream.LastRevision(op.rev))
 		cancel2()
@@ -288,6 +312,20 @@ func (s *shardRunner) do(ctx context.Context, op shardOp) {
 	case s.results <- r:
 	case <-ctx.Done():
 	}
+}
+
+// adopt takes partition op.part over from the journals of op.sources
+// before the claim is reported and the partition served. An error leaves
+// the partition unserved; the entry names this node with the sources, so
+// the core claims it again (or another node does) and adopts from them.
+func (s *shardRunner) adopt(ctx context.Context, op shardOp, epoch uint64) error {
+	actx, cancel := context.WithTimeout(ctx, max(s.lease, 5*time.Second))
+	defer cancel()
+	if err := s.n.journal.adopt(actx, op.sources, epoch, op.part); err != nil {
+		s.log.Warn("adopting a partition's journalled records", "partition", op.part, "from", op.sources, "error", err.Error())
+		return err
+	}
+	return nil
 }
 
 // drain waits until partition p has no call in flight on this node

@@ -1,0 +1,1001 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+)
+
+// The state journal: group commit across keys.
+//
+// A key's record used to be written to the state bucket on every change,
+// one JetStream message per key per batch. Under a spread load (many keys,
+// each changing rarely) that is one stream write per decision, and the
+// stream's per-message work is most of the cost of a decision. The journal
+// writes the records of every key that changed, across all of this node's
+// partitions, in one message:
+//
+//   - each node appends to a subject of its own in the journal stream
+//     (<PREFIX>_JOURNAL, subject <prefix>.v1.journal.<node>), one batch
+//     message at a time, with the expected last sequence of that subject:
+//     the records changed meanwhile go into the next batch, so the batch
+//     size grows with the load (one write in flight, like the owner core's
+//     per-key group commit). A write is acknowledged (and a strict call
+//     answered) when its batch is;
+//   - the latest record of every key whose record is only in the journal is
+//     kept in memory (entries), and reads hit it first; the state bucket
+//     holds checkpoints: every checkpoint interval the node writes the
+//     records changed since (per-key compare-and-swap, as before) and then
+//     records its mark (key _journal.<node> of the state bucket: every batch
+//     up to it is checkpointed) and purges its subject up to the mark;
+//   - fencing: a node taking a partition over from another (which may have
+//     crashed, or may not know yet) first appends a fence message to the
+//     other's subject. The other's next append then fails its expected
+//     sequence; it reads the fence, stops serving that partition and fails
+//     that partition's writes (the calls go to the new owner). So after the
+//     fence no batch of the old owner commits, and the new owner reads the
+//     old owner's subject from its mark to the fence: the latest journalled
+//     record of every key of the partition. It appends those records to its
+//     own journal (so whoever takes over from it finds them there) before
+//     it serves the partition. The compare-and-swap of each key write that
+//     fenced owners before still guards the checkpoints;
+//   - a graceful release checkpoints the partition's keys before it deletes
+//     the partition entry, so the next owner needs no journal; a partition
+//     lost by time (no renewal) keeps its journalled records ("orphans")
+//     until another node is seen to own it, and the mark never passes them
+//     before.
+//
+// Revisions. Across nodes the fence does the work the per-key
+// compare-and-swap did. Within the node, an owner core may hold a key's
+// record from before its partition was lost or handed over and taken back:
+// every revision this store returns carries the partition's generation on
+// this node (bumped whenever the partition is adopted, lost or released),
+// and a write expecting a revision of an older generation is a conflict,
+// so the core reloads. Revisions of journalled records also carry
+// journalRevBit (the rest is the batch's sequence, below 2^40), so a
+// revision given back tells where it came from. Expected revision 0 still
+// means "must not exist" and is checked (blind creates).
+
+// DefaultCheckpointInterval is the default interval between checkpoints of
+// journalled records to the state bucket.
+const DefaultCheckpointInterval = 5 * time.Second
+
+const (
+	journalRevBit        = 1 << 62
+	revSeqBits           = 40 // sequence bits of a tagged revision
+	revSeqMask           = 1<<revSeqBits - 1
+	revGenMask           = 1<<(62-revSeqBits) - 1
+	journalMaxBatchBytes = 256 << 10
+	journalMarkPrefix    = "_journal."
+	checkpointParallel   = 256
+	expectedSubjSeqHdr   = "Nats-Expected-Last-Subject-Sequence"
+	journalCommitRetries = 3
+)
+
+// journalEntry is the latest journalled record of a key.
+type journalEntry struct {
+	val        []byte
+	jseq       uint64 // the batch holding val
+	firstDirty uint64 // the first batch not checkpointed (0: checkpointed)
+	kvRev      uint64 // the key's revision in the state bucket, if kvKnown
+	kvKnown    bool
+	part       int
+	orphan     bool  // of a partition this node lost; kept for the mark
+	touched    int64 // unix ns of the last write or read
+}
+
+// journalWrite is a key write waiting for its batch.
+type journalWrite struct {
+	key      string
+	val      []byte
+	part     int
+	gen      uint64 // the partition's generation when the write came
+	kvRev    uint64
+	kvKnown  bool
+	deadline time.Time
+	done     func(uint64, error)
+}
+
+type journalStore struct {
+	n        *Node
+	under    *kvstate.JetStreamStore
+	kv       jetstream.KeyValue // the state bucket (marks)
+	js       jetstream.JetStream
+	stream   jetstream.Stream
+	subjPre  string // <prefix>.v1.journal.
+	subj     string // this node's subject
+	self     string
+	timeout  time.Duration
+	interval time.Duration
+
+	wake chan struct{}
+
+	mu      sync.Mutex
+	entries map[string]*journalEntry
+	gen     []uint64 // per partition (see Revisions above)
+	pending []*journalWrite
+	last    uint64 // the last sequence of subj this node knows of
+	mark    uint64 // batches up to it are checkpointed
+
+	adoptMu sync.Mutex
+	reads   map[string]*journalRead
+
+	ckMu sync.Mutex // one checkpoint at a time (a key is written by one)
+
+	appends, records, checkpoints atomic.Int64
+}
+
+// journalRead is what was read of another node's journal (cached for
+// adoptions of several partitions from the same node).
+type journalRead struct {
+	next   uint64 // the next sequence to read
+	at     time.Time
+	states map[string]journalState
+}
+
+type journalState struct {
+	val []byte
+	seq uint64
+}
+
+// JournalStream returns the name of the journal stream.
+func (n *Node) JournalStream() string { return strings.ToUpper(n.cfg.Prefix) + "_JOURNAL" }
+
+// journalSubject returns the journal subject of node id.
+func (n *Node) journalSubject(id string) string { return n.cfg.Prefix + ".v1.journal." + id }
+
+// startJournal creates the journal stream if needed and returns the
+// journal store over under; its goroutines run until ctx ends.
+func (n *Node) startJournal(ctx, bgctx context.Context, js jetstream.JetStream, under *kvstate.JetStreamStore) (*journalStore, error) {
+	var stream jetstream.Stream
+	err := n.retryJS(ctx, "stream "+n.JournalStream(), func(ctx context.Context) (err error) {
+		stream, err = js.Stream(ctx, n.JournalStream())
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			stream, err = js.CreateStream(ctx, jetstream.StreamConfig{
+				Name:        n.JournalStream(),
+				Description: "limitmesh state journal",
+				Subjects:    []string{n.cfg.Prefix + ".v1.journal.*"},
+				Storage:     jetstream.FileStorage,
+				Replicas:    n.cfg.Replicas,
+				MaxAge:      n.cfg.StateTTL,
+				Discard:     jetstream.DiscardOld,
+			})
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+				stream, err = js.Stream(ctx, n.JournalStream())
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mesh: journal stream: %w", err)
+	}
+	kv, err := js.KeyValue(ctx, n.StateBucket())
+	if err != nil {
+		return nil, fmt.Errorf("mesh: state bucket: %w", err)
+	}
+	j := &journalStore{
+		n:       n,
+		under:   under,
+		kv:      kv,
+		js:      js,
+		stream:  stream,
+		subjPre: n.cfg.Prefix + ".v1.journal.",
+		subj:    n.journalSubject(n.cfg.NodeID),
+		self:    n.cfg.NodeID,
+		timeout: n.cfg.DecisionTimeout,
+		// Records reach the bucket well within its idle expiry (the
+		// journal stream keeps messages as long).
+		interval: min(n.cfg.CheckpointInterval, n.cfg.StateTTL/4),
+		wake:     make(chan struct{}, 1),
+		entries:  make(map[string]*journalEntry),
+		gen:      make([]uint64, n.cfg.Partitions),
+		reads:    make(map[string]*journalRead),
+	}
+	// Where this node's subject ends (a node restarted with the same id
+	// continues it; what it holds is adopted with the partitions).
+	if err := n.retryJS(ctx, "journal end", func(ctx context.Context) error {
+		last, err := j.lastSeq(ctx)
+		j.last = last
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("mesh: journal: %w", err)
+	}
+	if mark, err := j.readMark(ctx, j.self); err == nil {
+		j.mark = mark
+	}
+	n.bg.Add(2)
+	go func() { defer n.bg.Done(); j.run(bgctx) }()
+	go func() { defer n.bg.Done(); j.checkpointLoop(bgctx) }()
+	return j, nil
+}
+
+// lastSeq returns the sequence of the last message of this node's subject
+// (0 when it has none).
+func (j *journalStore) lastSeq(ctx context.Context) (uint64, error) {
+	m, err := j.stream.GetLastMsgForSubject(ctx, j.subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return m.Sequence, nil
+}
+
+// Get implements kvstate.Store.
+func (j *journalStore) Get(ctx context.Context, key string) ([]byte, uint64, error) {
+	type res struct {
+		val []byte
+		rev uint64
+		err error
+	}
+	ch := make(chan res, 1)
+	j.GetAsync(key, timeoutOf(ctx, j.timeout), func(v []byte, r uint64, err error) { ch <- res{v, r, err} })
+	select {
+	case r := <-ch:
+		return r.val, r.rev, r.err
+	case <-ctx.Done():
+		return nil, 0, ctx.Err()
+	}
+}
+
+// Update implements kvstate.Store.
+func (j *journalStore) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	type res struct {
+		rev uint64
+		err error
+	}
+	ch := make(chan res, 1)
+	j.UpdateAsync(key, value, rev, timeoutOf(ctx, j.timeout), func(r uint64, err error) { ch <- res{r, err} })
+	select {
+	case r := <-ch:
+		return r.rev, r.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+func timeoutOf(ctx context.Context, def time.Duration) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return time.Until(d)
+	}
+	return def
+}
+
+// GetAsync implements kvstate.AsyncStore: the journalled record when it
+// is not checkpointed yet, else the state bucket's (which may have expired
+// since: the bucket's idle expiry applies as without the journal).
+func (j *journalStore) GetAsync(key string, timeout time.Duration, done func([]byte, uint64, error)) {
+	part := partitionOf(key, j.n.cfg.Partitions)
+	j.mu.Lock()
+	gen := j.gen[part]
+	if e := j.entries[key]; e != nil && !e.orphan && e.firstDirty != 0 {
+		val, rev := e.val, tagRev(e.jseq|journalRevBit, gen)
+		e.touched = time.Now().UnixNano()
+		j.mu.Unlock()
+		go done(val, rev, nil)
+		return
+	}
+	j.mu.Unlock()
+	j.under.GetAsync(key, timeout, func(val []byte, rev uint64, err error) {
+		if rev != 0 {
+			rev = tagRev(rev, gen)
+		}
+		done(val, rev, err)
+	})
+}
+
+// tagRev returns rev (a sequence, with journalRevBit for the journal's)
+// tagged with generation gen.
+func tagRev(rev, gen uint64) uint64 {
+	return rev&(journalRevBit|revSeqMask) | (gen&revGenMask)<<revSeqBits
+}
+
+// UpdateAsync implements kvstate.AsyncStore: the record goes into the next
+// batch. A revision of an older generation of the key's partition is a
+// conflict; expected revision 0 (the key must not exist) is checked
+// against the journalled records and the state bucket.
+func (j *journalStore) UpdateAsync(key string, value []byte, rev uint64, timeout time.Duration, done func(uint64, error)) {
+	w := &journalWrite{key: key, val: value, part: partitionOf(key, j.n.cfg.Partitions),
+		deadline: time.Now().Add(timeout), done: done}
+	j.mu.Lock()
+	w.gen = j.gen[w.part]
+	e := j.entries[key]
+	known := e != nil && !e.orphan
+	j.mu.Unlock()
+	switch {
+	case rev != 0 && rev>>revSeqBits&revGenMask != w.gen&revGenMask:
+		go done(0, kvstate.ErrConflict)
+		return
+	case rev == 0 && known:
+		go done(0, kvstate.ErrConflict)
+		return
+	case rev == 0:
+		j.under.GetAsync(key, timeout, func(_ []byte, r uint64, err error) {
+			switch {
+			case err == nil:
+				done(0, kvstate.ErrConflict)
+			case errors.Is(err, kvstate.ErrNotFound):
+				w.kvRev, w.kvKnown = r, true
+				j.enqueue(w)
+			default:
+				done(0, err)
+			}
+		})
+		return
+	case rev&journalRevBit == 0:
+		w.kvRev, w.kvKnown = rev&revSeqMask, true
+	}
+	j.enqueue(w)
+}
+
+func (j *journalStore) enqueue(ws ...*journalWrite) {
+	j.mu.Lock()
+	j.pending = append(j.pending, ws...)
+	j.mu.Unlock()
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run is the writer: it commits the pending writes, one batch at a time.
+func (j *journalStore) run(ctx context.Context) {
+	var buf []byte
+	for {
+		select {
+		case <-ctx.Done():
+			j.mu.Lock()
+			p := j.pending
+			j.pending = nil
+			j.mu.Unlock()
+			for _, w := range p {
+				w.done(0, fmt.Errorf("%w: node stopping", ErrUnavailable))
+			}
+			return
+		case <-j.wake:
+		}
+		for ctx.Err() == nil {
+			batch := j.take()
+			if len(batch) == 0 {
+				break
+			}
+			buf = j.commit(ctx, batch, buf)
+		}
+	}
+}
+
+// take removes the next batch from the pending writes (at most
+// journalMaxBatchBytes, at least one write); writes whose deadline passed
+// fail without being sent.
+func (j *journalStore) take() []*journalWrite {
+	now := time.Now()
+	j.mu.Lock()
+	var batch, expired []*journalWrite
+	size, i := 0, 0
+	var stale []*journalWrite
+	for ; i < len(j.pending); i++ {
+		w := j.pending[i]
+		if now.After(w.deadline) {
+			expired = append(expired, w)
+			continue
+		}
+		if w.gen != j.gen[w.part] {
+			stale = append(stale, w) // the partition changed hands meanwhile
+			continue
+		}
+		if len(batch) > 0 && size+len(w.key)+len(w.val)+8 > journalMaxBatchBytes {
+			break
+		}
+		size += len(w.key) + len(w.val) + 8
+		batch = append(batch, w)
+	}
+	rest := copy(j.pending, j.pending[i:])
+	clear(j.pending[rest:])
+	j.pending = j.pending[:rest]
+	j.mu.Unlock()
+	for _, w := range expired {
+		w.done(0, fmt.Errorf("%w: journal write: %w", ErrUnavailable, context.DeadlineExceeded))
+	}
+	for _, w := range stale {
+		w.done(0, kvstate.ErrConflict)
+	}
+	return batch
+}
+
+// commit appends batch to this node's subject and reports every write's
+// result; it returns buf for reuse. A write is answered by its deadline:
+// one whose batch is not known to be committed by then fails (its outcome
+// may be unknown: a strict call then gets a 503, never an admission that
+// was not recorded).
+func (j *journalStore) commit(ctx context.Context, batch []*journalWrite, buf []byte) []byte {
+	items := make([]journalItem, 0, len(batch))
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		now := time.Now()
+		keep := batch[:0]
+		for _, w := range batch {
+			if attempt > 0 && (attempt == journalCommitRetries || ctx.Err() != nil || !now.Before(w.deadline)) {
+				w.done(0, fmt.Errorf("%w: journal write: %v", ErrUnavailable, lastErr))
+				continue
+			}
+			keep = append(keep, w)
+		}
+		batch = keep
+		if len(batch) == 0 {
+			return buf
+		}
+		deadline := now.Add(j.timeout)
+		latest := batch[0].deadline
+		items = items[:0]
+		for _, w := range batch {
+			items = append(items, journalItem{key: w.key, val: w.val})
+			latest = later(latest, w.deadline)
+		}
+		if latest.Before(deadline) {
+			deadline = latest
+		}
+		nonce := rand.Uint64()
+		buf = appendJournalBatch(buf[:0], nonce, items)
+		j.mu.Lock()
+		last := j.last
+		j.mu.Unlock()
+		msg := &nats.Msg{Subject: j.subj, Data: buf,
+			Header: nats.Header{expectedSubjSeqHdr: []string{strconv.FormatUint(last, 10)}}}
+		actx, cancel := context.WithDeadline(ctx, deadline)
+		ack, err := j.js.PublishMsg(actx, msg)
+		cancel()
+		if err == nil {
+			j.committed(batch, ack.Sequence)
+			return buf
+		}
+		lastErr = err
+		// Refused (another message came first: a fence, or a batch of
+		// ours whose acknowledgement was lost) or unknown: read what the
+		// subject holds since last.
+		rctx, cancel := context.WithDeadline(ctx, later(deadline, time.Now().Add(50*time.Millisecond)))
+		landed, lost, rerr := j.resync(rctx, last, nonce)
+		cancel()
+		if rerr != nil {
+			lastErr = errors.Join(err, rerr)
+			continue
+		}
+		if landed != 0 {
+			j.committed(batch, landed)
+			return buf
+		}
+		keep = batch[:0]
+		for _, w := range batch {
+			if lost[w.part] {
+				w.done(0, fmt.Errorf("%w (journal fenced)", errFenced))
+				continue
+			}
+			keep = append(keep, w)
+		}
+		batch = keep
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// committed records a batch committed at seq and reports it.
+func (j *journalStore) committed(batch []*journalWrite, seq uint64) {
+	now := time.Now().UnixNano()
+	j.mu.Lock()
+	j.last = max(j.last, seq)
+	for _, w := range batch {
+		e := j.entries[w.key]
+		if e == nil || e.orphan {
+			e = &journalEntry{part: w.part, kvRev: w.kvRev, kvKnown: w.kvKnown}
+			j.entries[w.key] = e
+		}
+		e.val, e.jseq, e.touched = w.val, seq, now
+		if e.firstDirty == 0 {
+			e.firstDirty = seq
+		}
+		// A write that was in flight while its partition changed hands:
+		// committed, but the partition's next owner has it (or will, from
+		// the journal); keep it for the mark only.
+		e.orphan = w.gen != j.gen[w.part]
+	}
+	j.mu.Unlock()
+	j.appends.Add(1)
+	j.records.Add(int64(len(batch)))
+	// The writer goes on with the next batch while the callbacks (the
+	// owner cores' next steps and the replies) run.
+	go func() {
+		for _, w := range batch {
+			w.done(tagRev(seq|journalRevBit, w.gen), nil)
+		}
+	}()
+}
+
+// resync reads this node's subject after last (the writer's: only the
+// writer calls it): it reports the sequence
+// of the batch with nonce if it landed, and the partitions fenced away
+// from this node (which it stops serving at once).
+func (j *journalStore) resync(ctx context.Context, last, nonce uint64) (landed uint64, lost map[int]bool, err error) {
+	rctx, cancel := context.WithTimeout(ctx, j.timeout)
+	defer cancel()
+	end, err := j.lastSeq(rctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	lost = make(map[int]bool)
+	for seq := last + 1; seq <= end; {
+		m, err := j.stream.GetMsg(rctx, seq, jetstream.WithGetMsgSubject(j.subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return 0, nil, err
+		}
+		jm, derr := decodeJournal(m.Data)
+		switch {
+		case derr != nil:
+			j.n.log.Warn("corrupt journal message", "subject", j.subj, "seq", m.Sequence, "error", derr.Error())
+		case jm.fence != nil:
+			if f := jm.fence; f.node != j.self && f.part < len(j.n.router.slots) {
+				slot := &j.n.router.slots[f.part]
+				if f.epoch > slot.epoch.Load() || !j.n.router.serving(f.part) {
+					lost[f.part] = true
+					slot.until.Store(0)
+					j.n.log.Warn("partition fenced by its new owner", "partition", f.part, "owner", f.node)
+					if s := j.n.shards; s != nil {
+						go func() {
+							vctx, cancel := context.WithTimeout(context.Background(), j.timeout)
+							s.verify(vctx, f.part)
+							cancel()
+						}()
+					}
+				}
+			}
+		case nonce != 0 && jm.nonce == nonce:
+			landed = m.Sequence
+		}
+		seq = m.Sequence + 1
+	}
+	// end < last when the subject's messages expired (the stream's age
+	// limit, after a long idle time): expect what is there now.
+	j.mu.Lock()
+	j.last = end
+	j.mu.Unlock()
+	return landed, lost, nil
+}
+
+// checkpointLoop checkpoints every interval until ctx ends.
+func (j *journalStore) checkpointLoop(ctx context.Context) {
+	t := time.NewTicker(j.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := j.checkpoint(ctx, -1); err != nil {
+			j.n.log.Warn("checkpoint incomplete", "error", err.Error())
+		}
+		j.expireReads()
+	}
+}
+
+// checkpoint writes the journalled records not yet in the state bucket:
+// of partition part, or (part < 0) of every partition this node serves;
+// then it advances the mark.
+func (j *journalStore) checkpoint(ctx context.Context, part int) error {
+	type todo struct {
+		key   string
+		e     *journalEntry
+		val   []byte
+		jseq  uint64
+		rev   uint64
+		known bool
+	}
+	j.ckMu.Lock()
+	defer j.ckMu.Unlock()
+	j.mu.Lock()
+	var list []todo
+	for k, e := range j.entries {
+		if e.firstDirty == 0 || e.orphan || (part >= 0 && e.part != part) ||
+			(part < 0 && !j.n.router.serving(e.part)) {
+			continue
+		}
+		list = append(list, todo{k, e, e.val, e.jseq, e.kvRev, e.kvKnown})
+	}
+	j.mu.Unlock()
+	sem := make(chan struct{}, checkpointParallel)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	for _, t := range list {
+		if ctx.Err() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		j.writeRecord(t.key, t.val, t.rev, t.known, part >= 0, func(rev uint64, err error) {
+			defer func() { <-sem; wg.Done() }()
+			j.mu.Lock()
+			if err == nil {
+				t.e.kvRev, t.e.kvKnown = rev, true
+				if t.e.jseq == t.jseq {
+					t.e.firstDirty = 0
+				} else {
+					t.e.firstDirty = t.jseq + 1
+				}
+			} else {
+				t.e.kvKnown = false
+			}
+			j.mu.Unlock()
+			if err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err)
+			} else {
+				j.checkpoints.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	j.advanceMark(ctx)
+	if f := failed.Load(); f > 0 {
+		return fmt.Errorf("%d of %d records not checkpointed: %v", f, len(list), firstErr.Load())
+	}
+	return ctx.Err()
+}
+
+// writeRecord writes val as key's record in the state bucket with a
+// compare-and-swap on rev (read first when not known). A lost
+// compare-and-swap is retried once after a read while this node still
+// serves the key's partition (or releases it: releasing).
+func (j *journalStore) writeRecord(key string, val []byte, rev uint64, known, releasing bool, done func(uint64, error)) {
+	part := partitionOf(key, j.n.cfg.Partitions)
+	var write func(rev uint64, retry bool)
+	reread := func() {
+		j.under.GetAsync(key, j.timeout, func(_ []byte, r uint64, err error) {
+			if err != nil && !errors.Is(err, kvstate.ErrNotFound) {
+				done(0, err)
+				return
+			}
+			write(r, false)
+		})
+	}
+	write = func(rev uint64, retry bool) {
+		j.under.UpdateAsync(key, val, rev, j.timeout, func(nrev uint64, err error) {
+			if errors.Is(err, kvstate.ErrConflict) && retry && (releasing || j.n.router.serving(part)) {
+				reread()
+				return
+			}
+			done(nrev, err)
+		})
+	}
+	if !known {
+		reread()
+		return
+	}
+	write(rev, true)
+}
+
+// advanceMark records how far this node's journal is checkpointed and
+// purges it up to there; it also forgets checkpointed entries idle for an
+// interval.
+func (j *journalStore) advanceMark(ctx context.Context) {
+	idle := time.Now().Add(-j.interval).UnixNano()
+	j.mu.Lock()
+	m := j.last
+	for k, e := range j.entries {
+		switch {
+		case e.firstDirty != 0:
+			m = min(m, e.firstDirty-1)
+		case e.touched < idle:
+			delete(j.entries, k)
+		}
+	}
+	old := j.mark
+	j.mu.Unlock()
+	if m <= old {
+		return
+	}
+	mctx, cancel := context.WithTimeout(ctx, j.timeout)
+	defer cancel()
+	if _, err := j.kv.Put(mctx, journalMarkPrefix+j.self, strconv.AppendUint(nil, m, 10)); err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		j.n.log.Warn("recording the journal mark", "error", err.Error())
+		return
+	}
+	j.mu.Lock()
+	j.mark = max(j.mark, m)
+	j.mu.Unlock()
+	// The message at the mark stays: the subject's last sequence, which
+	// the next append expects, never goes away under the writer.
+	if err := j.stream.Purge(mctx, jetstream.WithPurgeSubject(j.subj), jetstream.WithPurgeSequence(m)); err != nil {
+		j.n.log.Debug("purging the journal", "error", err.Error())
+	}
+}
+
+// readMark returns node id's mark (0 when it has none).
+func (j *journalStore) readMark(ctx context.Context, id string) (uint64, error) {
+	e, err := j.kv.Get(ctx, journalMarkPrefix+id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	m, err := strconv.ParseUint(string(e.Value()), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: journal mark of %s: %q", ErrCorruptRecord, id, e.Value())
+	}
+	return m, nil
+}
+
+// release checkpoints partition p's journalled records before this node
+// hands p over (its slot no longer serves), then forgets them; on failure
+// they stay as orphans.
+func (j *journalStore) release(ctx context.Context, p int) error {
+	err := j.checkpoint(ctx, p)
+	j.mu.Lock()
+	j.gen[p]++
+	for k, e := range j.entries {
+		if e.part == p {
+			if err == nil && e.firstDirty == 0 {
+				delete(j.entries, k)
+			} else {
+				e.orphan = true
+			}
+		}
+	}
+	j.mu.Unlock()
+	return err
+}
+
+// lose keeps partition p's journalled records as orphans: the next owner
+// reads them from the journal, and the mark does not pass them until then.
+func (j *journalStore) lose(p int) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.gen[p]++
+	for k, e := range j.entries {
+		if e.part != p {
+			continue
+		}
+		if e.firstDirty == 0 {
+			delete(j.entries, k)
+		} else {
+			e.orphan = true
+		}
+	}
+}
+
+// ownedElsewhere forgets the orphans of partition p once p has another
+// owner that finished adopting them (or none after a release).
+func (j *journalStore) ownedElsewhere(p int) { j.dropOrphans(p) }
+
+func (j *journalStore) dropOrphans(p int) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for k, e := range j.entries {
+		if e.part == p && e.orphan {
+			delete(j.entries, k)
+		}
+	}
+}
+
+// adopt prepares partition p, just claimed in epoch over an entry whose
+// adoption sources were sources (partValue.From, oldest first; none when
+// the entry was absent or released): it fences each source's journal (not
+// its own) and reads it from its mark to the fence, and appends the latest
+// record of each of p's keys (later sources win) to this node's journal,
+// so whoever takes p over from this node finds them there.
+func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64, p int) (err error) {
+	// This node's own records of p become orphans: they hold the mark
+	// (so its journal is not purged under the reads below) until the
+	// adopted records replace them.
+	j.mu.Lock()
+	j.gen[p]++
+	gen := j.gen[p]
+	for _, e := range j.entries {
+		if e.part == p {
+			e.orphan = true
+		}
+	}
+	j.mu.Unlock()
+	defer func() {
+		if err == nil {
+			j.dropOrphans(p)
+		}
+	}()
+	latest := make(map[string][]byte)
+	for _, src := range sources {
+		var upto uint64
+		if src == j.self {
+			var err error
+			if upto, err = j.lastSeq(ctx); err != nil {
+				return err
+			}
+		} else {
+			msg := &nats.Msg{Subject: j.subjPre + src,
+				Data: appendJournalFence(nil, journalFence{part: p, epoch: epoch, node: j.self})}
+			ack, err := j.js.PublishMsg(ctx, msg)
+			if err != nil {
+				return fmt.Errorf("fencing the journal of %s: %w", src, err)
+			}
+			upto = ack.Sequence
+		}
+		states, err := j.readJournal(ctx, src, upto)
+		if err != nil {
+			return err
+		}
+		for k, st := range states {
+			if partitionOf(k, j.n.cfg.Partitions) == p {
+				latest[k] = st.val
+			}
+		}
+	}
+	if len(latest) == 0 {
+		return nil
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	deadline := time.Now().Add(j.timeout)
+	writes := make([]*journalWrite, 0, len(latest))
+	for k, val := range latest {
+		wg.Add(1)
+		writes = append(writes, &journalWrite{key: k, val: val, part: p, gen: gen, deadline: deadline,
+			done: func(_ uint64, err error) {
+				if err != nil {
+					failed.CompareAndSwap(nil, err)
+				}
+				wg.Done()
+			}})
+	}
+	j.enqueue(writes...)
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		return fmt.Errorf("journalling the adopted records: %w", err)
+	}
+	j.n.log.Info("partition adopted", "partition", p, "from", sources, "records", len(writes))
+	return nil
+}
+
+// readJournal returns the latest record of every key in node id's journal
+// from its mark up to sequence upto, reading on from an earlier read of the
+// same journal when there is one.
+func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) (map[string]journalState, error) {
+	j.adoptMu.Lock()
+	defer j.adoptMu.Unlock()
+	r := j.reads[id]
+	if r == nil {
+		var mark uint64
+		if id == j.self {
+			j.mu.Lock()
+			mark = j.mark
+			j.mu.Unlock()
+		} else {
+			var err error
+			if mark, err = j.readMark(ctx, id); err != nil {
+				return nil, err
+			}
+		}
+		r = &journalRead{next: mark + 1, states: make(map[string]journalState)}
+	}
+	subj := j.subjPre + id
+	for seq := r.next; seq <= upto; {
+		m, err := j.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading the journal of %s: %w", id, err)
+		}
+		if m.Sequence > upto {
+			break
+		}
+		jm, derr := decodeJournal(m.Data)
+		if derr != nil {
+			return nil, fmt.Errorf("journal of %s, sequence %d: %w", id, m.Sequence, derr)
+		}
+		for _, it := range jm.items {
+			r.states[it.key] = journalState{val: it.val, seq: m.Sequence}
+		}
+		seq = m.Sequence + 1
+	}
+	r.next = max(r.next, upto+1)
+	r.at = time.Now()
+	if id != j.self {
+		j.reads[id] = r
+	}
+	return r.states, nil
+}
+
+// expireReads forgets cached journal reads older than two leases.
+func (j *journalStore) expireReads() {
+	j.adoptMu.Lock()
+	defer j.adoptMu.Unlock()
+	for id, r := range j.reads {
+		if time.Since(r.at) > 2*j.n.cfg.LeaseTime {
+			delete(j.reads, id)
+		}
+	}
+}
+
+// ReadStateRecord returns the latest durable record of a limit key in the
+// installation with subject prefix prefix: the newest one journalled after
+// its node's mark, else the state bucket's; an error wrapping
+// kvstate.ErrNotFound when there is none. It scans the whole journal
+// stream, for diagnostics and tests, not for deciding; a journal left by a
+// node that stopped without handing its partitions over still counts.
+func ReadStateRecord(ctx context.Context, js jetstream.JetStream, prefix, key string) ([]byte, error) {
+	stream, err := js.Stream(ctx, strings.ToUpper(prefix)+"_JOURNAL")
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, err
+	}
+	kv, err := js.KeyValue(ctx, prefix+"_state")
+	if err != nil {
+		return nil, err
+	}
+	var best []byte
+	if stream != nil {
+		marks := make(map[string]uint64)
+		filter := prefix + ".v1.journal.*"
+		for seq := uint64(1); ; {
+			m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
+			if err != nil {
+				return nil, err
+			}
+			seq = m.Sequence + 1
+			node := strings.TrimPrefix(m.Subject, prefix+".v1.journal.")
+			mark, ok := marks[node]
+			if !ok {
+				if e, err := kv.Get(ctx, journalMarkPrefix+node); err == nil {
+					mark, _ = strconv.ParseUint(string(e.Value()), 10, 64)
+				}
+				marks[node] = mark
+			}
+			if m.Sequence <= mark {
+				continue
+			}
+			jm, err := decodeJournal(m.Data)
+			if err != nil {
+				continue
+			}
+			for _, it := range jm.items {
+				if it.key == key {
+					best = it.val
+				}
+			}
+		}
+	}
+	if best != nil {
+		return best, nil
+	}
+	e, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, fmt.Errorf("%w: %s", kvstate.ErrNotFound, key)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return e.Value(), nil
+}

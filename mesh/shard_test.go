@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"reflect"
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -519,4 +520,151 @@ func FuzzDecodePartValue(f *testing.F) {
 			t.Fatalf("re-encoding %+v: %+v, %v", v, again, err)
 		}
 	})
+}
+
+func TestAdoptSources(t *testing.T) {
+	many := []string{"n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"}
+	cases := []struct {
+		name string
+		o    partObs
+		want []string
+	}{
+		{"absent", partObs{}, nil},
+		{"deleted entry keeps no sources", partObs{exists: false, node: "b", from: []string{"a"}}, nil},
+		{"renewed entry", partObs{exists: true, node: "b"}, []string{"b"}},
+		{"unfinished claim", partObs{exists: true, node: "b", from: []string{"a"}}, []string{"a", "b"}},
+		{"duplicates", partObs{exists: true, node: "b", from: []string{"a", "b", "a", "c"}}, []string{"a", "b", "c"}},
+		{"invalid ids", partObs{exists: true, node: "?", from: []string{"", "a b", "a", "x/y"}}, []string{"a"}},
+		{"capped, newest kept", partObs{exists: true, node: "x", from: many}, append(slices.Clone(many[1:]), "x")},
+		{"at the cap", partObs{exists: true, node: "n7", from: many[:7]}, many},
+	}
+	for _, c := range cases {
+		got := adoptSources(c.o)
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: adoptSources(%+v) = %q, want %q", c.name, c.o, got, c.want)
+		}
+		if len(got) > maxAdoptSources {
+			t.Errorf("%s: %d sources, above maxAdoptSources", c.name, len(got))
+		}
+	}
+	// The observed entry's sources are not modified.
+	o := partObs{exists: true, node: "b", from: []string{"a"}}
+	_ = adoptSources(o)
+	if !reflect.DeepEqual(o.from, []string{"a"}) {
+		t.Fatalf("adoptSources modified its input: %q", o.from)
+	}
+}
+
+// partsTargeting returns the partitions of parts whose HRW target among
+// nodes is node.
+func partsTargeting(nodes []string, node string, parts int) []int {
+	var ps []int
+	for p := range parts {
+		if hrwTarget(nodes, p) == node {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+func opsOf(ops []shardOp, p int) []shardOp {
+	var out []shardOp
+	for _, op := range ops {
+		if op.part == p && op.kind != opHeartbeat {
+			out = append(out, op)
+		}
+	}
+	return out
+}
+
+// TestShardUnfinishedClaimNotReleased: an own claim entry (epoch 0) that
+// carries adoption sources, of a partition whose target is another live
+// node, is left to expire (deleting it would lose the sources), while an
+// own entry without sources is released. The target then claims it over
+// the expired entry with the sources and this node.
+func TestShardUnfinishedClaimNotReleased(t *testing.T) {
+	const parts, lease = 16, 3000
+	toB := partsTargeting([]string{"a", "b"}, "b", parts)
+	if len(toB) < 2 {
+		t.Fatalf("partitions targeting b: %v", toB)
+	}
+	withFrom, plain := toB[0], toB[1]
+	a := newShardCore("a", parts, lease)
+	b := newShardCore("b", parts, lease)
+	now := int64(1)
+	for _, c := range []*shardCore{a, b} {
+		c.observeNode("a", 1, false, now)
+		c.observeNode("b", 2, false, now)
+		c.observePart(withFrom, partValue{Node: "a", From: []string{"c"}}, 10, false, now)
+		c.observePart(plain, partValue{Node: "a"}, 11, false, now)
+	}
+	ops := a.tick(now)
+	if got := opsOf(ops, withFrom); len(got) != 0 {
+		t.Fatalf("own unfinished claim of partition %d: ops %+v, want none", withFrom, got)
+	}
+	if got := opsOf(ops, plain); len(got) != 1 || got[0].kind != opRelease || got[0].rev != 11 {
+		t.Fatalf("own entry without sources of partition %d: ops %+v, want one release at rev 11", plain, got)
+	}
+	// Still not released later, nor claimed back by a (not its target),
+	// as long as b is live.
+	for _, dt := range []int64{lease / 3, lease - 1, lease, 2 * lease} {
+		a.observeNode("b", uint64(2+dt), false, now+dt)
+		if got := opsOf(a.tick(now+dt), withFrom); len(got) != 0 {
+			t.Fatalf("at +%d: ops %+v for partition %d, want none", dt, got, withFrom)
+		}
+		if a.mine[withFrom].state != holdNone {
+			t.Fatalf("at +%d: a holds partition %d in state %d", dt, withFrom, a.mine[withFrom].state)
+		}
+	}
+	// b, the target, waits for the lease, then claims over the expired
+	// entry, adopting from its sources and from a.
+	b.observeNode("b", 3, false, now+lease/3)
+	if got := opsOf(b.tick(now+lease-1), withFrom); len(got) != 0 {
+		t.Fatalf("b before the lease: %+v", got)
+	}
+	got := opsOf(b.tick(now+lease), withFrom)
+	if len(got) != 1 || got[0].kind != opClaim || got[0].rev != 10 || !reflect.DeepEqual(got[0].sources, []string{"c", "a"}) {
+		t.Fatalf("b after the lease: ops %+v, want a claim at rev 10 from [c a]", got)
+	}
+}
+
+// TestShardClaimCarriesSources: a claim over the expired entry of another
+// node adopts from that node; a claim of a partition without entry adopts
+// from none.
+func TestShardClaimCarriesSources(t *testing.T) {
+	const parts, lease = 4, 3000
+	a := newShardCore("a", parts, lease)
+	now := int64(1)
+	a.observeNode("b", 1, false, now) // b's heartbeat, never renewed
+	a.observePart(1, partValue{Node: "b", Epoch: 5}, 7, false, now)
+	a.observePart(2, partValue{Node: "b"}, 8, false, now)
+	a.observePart(3, partValue{Node: "b"}, 9, true, now) // released by b
+	// While b is live and its entries fresh, a claims only what has no
+	// entry and targets it.
+	for _, op := range a.tick(now) {
+		if op.kind == opClaim && op.part != 0 && op.part != 3 {
+			t.Fatalf("claim of partition %d with b's entry fresh: %+v", op.part, op)
+		}
+	}
+	a = newShardCore("a", parts, lease)
+	a.observeNode("b", 1, false, now)
+	a.observePart(1, partValue{Node: "b", Epoch: 5}, 7, false, now)
+	a.observePart(2, partValue{Node: "b"}, 8, false, now)
+	a.observePart(3, partValue{Node: "b"}, 9, true, now)
+	ops := a.tick(now + lease)
+	want := map[int]struct {
+		rev     uint64
+		sources []string
+	}{
+		0: {0, nil},
+		1: {7, []string{"b"}},
+		2: {8, []string{"b"}},
+		3: {9, nil},
+	}
+	for p, w := range want {
+		got := opsOf(ops, p)
+		if len(got) != 1 || got[0].kind != opClaim || got[0].rev != w.rev || !reflect.DeepEqual(got[0].sources, w.sources) {
+			t.Fatalf("partition %d: ops %+v, want a claim at rev %d from %q", p, got, w.rev, w.sources)
+		}
+	}
 }

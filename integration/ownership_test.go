@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -411,8 +412,14 @@ func TestShardSubjectAndClientHint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := m.Header.Get(mesh.PartitionHeader); h != strconv.Itoa(p) {
-		t.Fatalf("partition header %q, want %d", h, p)
+	var hint struct {
+		Partition *int `json:"partition"`
+	}
+	if err := json.Unmarshal(m.Data, &hint); err != nil || hint.Partition == nil || *hint.Partition != p {
+		t.Fatalf("reply %s: partition hint missing or not %d (%v)", m.Data, p, err)
+	}
+	if len(m.Header) != 0 {
+		t.Fatalf("decision reply with headers %v, want none", m.Header)
 	}
 	// The wrong shard subject still routes correctly (a policy change can
 	// move a descriptor to another key).

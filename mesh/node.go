@@ -39,7 +39,7 @@ import (
 )
 
 // Version is the version the micro service reports.
-const Version = "0.2.0"
+const Version = "0.3.0"
 
 // ServiceName and QueueGroup are the micro service's name and queue group
 // (CONTRACT.md §1).

@@ -359,8 +359,10 @@ type decision struct {
 	ResetAfter   int64 // ns
 }
 
-// appendReply appends the JSON reply body for d (CONTRACT.md §2).
-func appendReply(b []byte, d decision) []byte {
+// appendReply appends the JSON reply body for d (CONTRACT.md §2) with,
+// when part >= 0, the optional field "partition" (docs/protocol.md: the
+// limit key's partition, the client's direct-to-owner hint).
+func appendReply(b []byte, d decision, part int) []byte {
 	b = append(b, `{"allowed":`...)
 	b = strconv.AppendBool(b, d.Allowed)
 	b = append(b, `,"policy":`...)
@@ -375,6 +377,10 @@ func appendReply(b []byte, d decision) []byte {
 	b = strconv.AppendInt(b, durationMillis(d.ResetAfter), 10)
 	if d.ShadowDenied {
 		b = append(b, `,"shadow_denied":true`...)
+	}
+	if part >= 0 {
+		b = append(b, `,"partition":`...)
+		b = strconv.AppendInt(b, int64(part), 10)
 	}
 	return append(b, '}')
 }

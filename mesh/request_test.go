@@ -66,7 +66,7 @@ func TestAppendReply(t *testing.T) {
 			`{"allowed":true,"policy":"s","revision":0,"remaining":0.000007,"retry_after_ms":-1,"reset_after_ms":0,"shadow_denied":true}`},
 	}
 	for _, c := range cases {
-		if got := string(appendReply(nil, c.d)); got != c.want {
+		if got := string(appendReply(nil, c.d, -1)); got != c.want {
 			t.Errorf("appendReply(%+v)\n got %s\nwant %s", c.d, got, c.want)
 		}
 	}

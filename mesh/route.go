@@ -30,10 +30,6 @@ const (
 	// got a forwarded request for a partition it does not serve; the
 	// forwarder retries.
 	NotOwnerHeader = "Limitmesh-Not-Owner"
-	// PartitionHeader is set on every decision reply of a limit key (an
-	// extension of CONTRACT.md §2): the key's partition, so a client can
-	// send the descriptor's next requests to <prefix>.v1.shard.<n>.
-	PartitionHeader = "Limitmesh-Partition"
 )
 
 // forwardRetry is the pause between attempts while a partition has no
@@ -60,17 +56,14 @@ type partSlot struct {
 type router struct {
 	parts int
 	base  time.Time
-	slots []partSlot
-	// replyHeaders[n] is the shared, read-only reply header of partition n.
-	replyHeaders []micro.Headers
-	subjects     []string // <prefix>.v1.shard.<n>
+	slots    []partSlot
+	subjects []string // <prefix>.v1.shard.<n>
 }
 
 func newRouter(prefix string, parts int) *router {
 	r := &router{parts: parts, base: time.Now(), slots: make([]partSlot, parts),
-		replyHeaders: make([]micro.Headers, parts), subjects: make([]string, parts)}
+		subjects: make([]string, parts)}
 	for n := range parts {
-		r.replyHeaders[n] = micro.Headers{PartitionHeader: []string{strconv.Itoa(n)}}
 		r.subjects[n] = prefix + ".v1.shard." + strconv.Itoa(n)
 	}
 	return r

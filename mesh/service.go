@@ -51,7 +51,7 @@ func (n *Node) handleDecide(r micro.Request) {
 		if !req.dryRun {
 			n.metrics.decisions.WithLabelValues("", "allowed").Inc()
 		}
-		n.replyOK(r, start, decision{Allowed: true}, nil)
+		n.replyOK(r, start, decision{Allowed: true}, -1)
 		return
 	}
 	key, err := p.LimitKey(req.desc)
@@ -142,23 +142,18 @@ func (n *Node) finishCall(r micro.Request, c *call, rq *routed) {
 	default:
 		n.metrics.decisions.WithLabelValues(c.out.Policy, "denied").Inc()
 	}
-	var h micro.Headers
-	if n.router != nil && rq.part >= 0 {
-		h = n.router.replyHeaders[rq.part]
+	part := rq.part
+	if rq.p.Mode == policies.ModeLocal {
+		part = -1 // any node decides a local key: no hint
 	}
-	n.replyOK(r, rq.start, c.out, h)
+	n.replyOK(r, rq.start, c.out, part)
 }
 
-// replyOK sends a decision; h (shared, read-only) are extra reply headers.
-func (n *Node) replyOK(r micro.Request, start time.Time, d decision, h micro.Headers) {
-	var buf [192]byte
-	var err error
-	if h != nil {
-		err = r.Respond(appendReply(buf[:0], d), micro.WithHeaders(h))
-	} else {
-		err = r.Respond(appendReply(buf[:0], d))
-	}
-	if err != nil {
+// replyOK sends a decision; part is the limit key's partition (the
+// reply's "partition" hint), or -1.
+func (n *Node) replyOK(r micro.Request, start time.Time, d decision, part int) {
+	var buf [208]byte
+	if err := r.Respond(appendReply(buf[:0], d, part)); err != nil {
 		n.log.Debug("reply failed", "error", err.Error())
 	}
 	n.metrics.duration.Observe(time.Since(start).Seconds())

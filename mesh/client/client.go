@@ -211,7 +211,7 @@ func (c *Client) Decide(ctx context.Context, d map[string]string, cost int64, op
 		}
 		return nil, err
 	}
-	r, err := decodeReply(msg.Header, msg.Data)
+	r, hint, err := decodeReplyHint(msg.Header, msg.Data)
 	if err != nil {
 		if IsUnavailable(err) { // 503
 			return c.fail(d, micro, fmt.Errorf("limitmesh client: %w", err))
@@ -219,8 +219,8 @@ func (c *Client) Decide(ctx context.Context, d map[string]string, cost int64, op
 		return nil, fmt.Errorf("limitmesh client: %w", err)
 	}
 	if c.hints != nil {
-		if p := msg.Header.Get(PartitionHeader); p != "" {
-			c.hints.remember(hkey, c.opts.prefix, p)
+		if hint != "" {
+			c.hints.remember(hkey, c.opts.prefix, hint)
 		}
 	}
 	if c.keys != nil && r.Policy != "" && !o.dryRun {

@@ -211,3 +211,29 @@ func TestAppendJSONStringMatchesEncodingJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestReplyPartitionHint: the hint comes from the reply's "partition"
+// field, from the header older nodes set when the field is absent, and is
+// empty when neither is there.
+func TestReplyPartitionHint(t *testing.T) {
+	body := `{"allowed":true,"policy":"p","revision":1,"remaining":3,"retry_after_ms":0,"reset_after_ms":0`
+	for _, tt := range []struct {
+		body   string
+		header string
+		want   string
+	}{
+		{body + `,"partition":12}`, "", "12"},
+		{body + `,"partition":12}`, "7", "12"},
+		{body + `}`, "7", "7"},
+		{body + `}`, "", ""},
+	} {
+		h := nats.Header{}
+		if tt.header != "" {
+			h.Set(PartitionHeader, tt.header)
+		}
+		r, hint, err := decodeReplyHint(h, []byte(tt.body))
+		if err != nil || !r.Allowed || hint != tt.want {
+			t.Errorf("%s (header %q): hint %q, %v; want %q", tt.body, tt.header, hint, err, tt.want)
+		}
+	}
+}

@@ -8,12 +8,13 @@ import (
 	"sync"
 )
 
-// PartitionHeader is the reply header in which a node names the partition
-// of the descriptor's limit key (docs/protocol.md, an extension of
-// CONTRACT.md §2). The client remembers it per descriptor and sends that
-// descriptor's next requests straight to "<prefix>.v1.shard.<n>", the
-// subject only the partition's owner subscribes to, saving the node to
-// node hop.
+// PartitionHeader is the reply header in which nodes before 0.3 named the
+// partition of the descriptor's limit key; nodes now send it in the reply's
+// optional "partition" field (docs/protocol.md, an extension of
+// CONTRACT.md §2), and the client accepts either. It remembers the
+// partition per descriptor and sends that descriptor's next requests
+// straight to "<prefix>.v1.shard.<n>", the subject only the partition's
+// owner subscribes to, saving the node to node hop.
 const PartitionHeader = "Limitmesh-Partition"
 
 // DefaultPartitionHints is the default number of descriptors whose

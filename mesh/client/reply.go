@@ -151,6 +151,9 @@ type wireReply struct {
 	RetryAfterMs int64       `json:"retry_after_ms"`
 	ResetAfterMs int64       `json:"reset_after_ms"`
 	ShadowDenied bool        `json:"shadow_denied"`
+	// Partition is the limit key's partition (docs/protocol.md), absent
+	// for unmatched descriptors and local-mode policies.
+	Partition *int `json:"partition"`
 }
 
 // wireError is the JSON body of a micro error reply.
@@ -167,13 +170,30 @@ const maxMs = int64(1<<63-1) / int64(time.Millisecond)
 // *ServiceError when it carries the micro error headers, else the Result.
 // Errors wrap ErrBadReply, or are a *ServiceError; it never panics.
 func decodeReply(h nats.Header, data []byte) (*Result, error) {
+	r, _, err := decodeReplyHint(h, data)
+	return r, err
+}
+
+// decodeReplyHint is decodeReply that also returns the reply's partition
+// hint: the "partition" field, or the PartitionHeader older nodes set
+// ("" when there is none).
+func decodeReplyHint(h nats.Header, data []byte) (*Result, string, error) {
 	if code, desc := h.Get(headerErrorCode), h.Get(headerError); code != "" || desc != "" {
-		return nil, decodeServiceError(code, desc, data)
+		return nil, "", decodeServiceError(code, desc, data)
 	}
 	var w wireReply
 	if err := json.Unmarshal(data, &w); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadReply, err)
+		return nil, "", fmt.Errorf("%w: %w", ErrBadReply, err)
 	}
+	hint := h.Get(PartitionHeader)
+	if w.Partition != nil {
+		hint = strconv.Itoa(*w.Partition)
+	}
+	r, err := resultOf(&w)
+	return r, hint, err
+}
+
+func resultOf(w *wireReply) (*Result, error) {
 	if w.Allowed == nil {
 		return nil, fmt.Errorf("%w: no \"allowed\" field", ErrBadReply)
 	}

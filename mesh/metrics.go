@@ -2,11 +2,17 @@ package mesh
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"sync"
 )
 
 // metrics are the node's Prometheus collectors. Labels are policy names
 // (operator-controlled, bounded) and fixed words; never descriptor values.
 type metrics struct {
+	// byPolicy caches each policy's decisions counters (*resultCounters by
+	// policy name): a label lookup per decision costs more than the rest of
+	// the bookkeeping.
+	byPolicy sync.Map
+
 	decisions        *prometheus.CounterVec   // policy, result
 	duration         prometheus.Histogram     // seconds
 	casConflicts     prometheus.Counter       // writes that lost a CAS
@@ -106,4 +112,30 @@ func newMetrics(reg prometheus.Registerer, cachedKeys func() float64) (*metrics,
 		}
 	}
 	return m, nil
+}
+
+// Decision results, the result label of limitmesh_decisions_total.
+const (
+	resAllowed = iota
+	resDenied
+	resShadowDenied
+	resError
+)
+
+var resultNames = [...]string{"allowed", "denied", "shadow_denied", "error"}
+
+type resultCounters [len(resultNames)]prometheus.Counter
+
+// decision counts one decision of policy ("" when none matched) with
+// result res.
+func (m *metrics) decision(policy string, res int) {
+	v, ok := m.byPolicy.Load(policy)
+	if !ok {
+		rc := &resultCounters{}
+		for i, name := range resultNames {
+			rc[i] = m.decisions.WithLabelValues(policy, name)
+		}
+		v, _ = m.byPolicy.LoadOrStore(policy, rc)
+	}
+	v.(*resultCounters)[res].Inc()
 }

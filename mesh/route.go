@@ -72,7 +72,10 @@ func newRouter(prefix string, parts int) *router {
 // mono is the router's monotonic clock (ns since it was made, > 0). Leases
 // use it rather than NodeConfig.Clock: they measure durations on this node
 // only.
-func (r *router) mono() int64 { return int64(time.Since(r.base)) + 1 }
+func (r *router) mono() int64 { return r.monoAt(time.Now()) }
+
+// monoAt is mono at t (a time read from time.Now).
+func (r *router) monoAt(t time.Time) int64 { return int64(t.Sub(r.base)) + 1 }
 
 // serving reports whether this node decides partition n now.
 func (r *router) serving(n int) bool { return r.mono() < r.slots[n].until.Load() }
@@ -89,7 +92,7 @@ func (n *Node) shardSubject(part int) string { return n.router.subjects[part] }
 func (n *Node) forward(r micro.Request, rq *routed) {
 	for {
 		if n.router.serving(rq.part) {
-			n.route(r, rq)
+			n.route(r, rq, time.Now())
 			return
 		}
 		left := time.Until(rq.deadline)

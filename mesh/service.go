@@ -49,7 +49,7 @@ func (n *Node) handleDecide(r micro.Request) {
 	p := n.policies.snap.Load().Match(req.desc)
 	if p == nil {
 		if !req.dryRun {
-			n.metrics.decisions.WithLabelValues("", "allowed").Inc()
+			n.metrics.decision("", resAllowed)
 		}
 		n.replyOK(r, start, decision{Allowed: true}, -1)
 		return
@@ -57,7 +57,7 @@ func (n *Node) handleDecide(r micro.Request) {
 	key, err := p.LimitKey(req.desc)
 	if err != nil {
 		if !req.dryRun {
-			n.metrics.decisions.WithLabelValues(p.Name, "error").Inc()
+			n.metrics.decision(p.Name, resError)
 		}
 		n.replyError(r, p.Name, start, fmt.Errorf("%w: %v", ErrBadRequest, err))
 		return
@@ -74,20 +74,21 @@ func (n *Node) handleDecide(r micro.Request) {
 		rq.part = partitionOf(key, n.router.parts)
 	}
 	handed = true
-	n.route(r, rq)
+	n.route(r, rq, start)
 }
 
 // route decides rq here when this node serves its partition (or the
-// policy is local), and forwards it otherwise.
-func (n *Node) route(r micro.Request, rq *routed) {
+// policy is local), and forwards it otherwise. now is the current time
+// (one clock read serves the whole path).
+func (n *Node) route(r micro.Request, rq *routed, now time.Time) {
 	if n.router == nil || rq.part < 0 || rq.p.Mode == policies.ModeLocal {
-		n.submitCall(r, rq, nil)
+		n.submitCall(r, rq, nil, now)
 		return
 	}
 	slot := &n.router.slots[rq.part]
 	slot.inflight.Add(1)
-	if n.router.mono() < slot.until.Load() {
-		n.submitCall(r, rq, slot)
+	if n.router.monoAt(now) < slot.until.Load() {
+		n.submitCall(r, rq, slot, now)
 		return
 	}
 	slot.inflight.Add(-1)
@@ -96,13 +97,16 @@ func (n *Node) route(r micro.Request, rq *routed) {
 
 // submitCall hands rq to its key's owner core on this node. slot, when not
 // nil, counts the call as in flight in its partition until it finishes.
-func (n *Node) submitCall(r micro.Request, rq *routed, slot *partSlot) {
-	now := n.clock().UnixNano()
+func (n *Node) submitCall(r micro.Request, rq *routed, slot *partSlot, at time.Time) {
+	now := at.UnixNano()
+	if n.cfg.Clock != nil {
+		now = n.clock().UnixNano()
+	}
 	c := &call{
 		policy:   rq.p,
 		cost:     rq.req.cost,
 		dryRun:   rq.req.dryRun,
-		deadline: now + int64(time.Until(rq.deadline)),
+		deadline: now + int64(rq.deadline.Sub(at)),
 	}
 	if rq.req.id != "" {
 		c.id, c.hasID = idHash(rq.req.id), true
@@ -126,7 +130,7 @@ func (n *Node) submitCall(r micro.Request, rq *routed, slot *partSlot) {
 func (n *Node) finishCall(r micro.Request, c *call, rq *routed) {
 	if c.err != nil {
 		if !c.dryRun {
-			n.metrics.decisions.WithLabelValues(c.policy.Name, "error").Inc()
+			n.metrics.decision(c.policy.Name, resError)
 		}
 		n.replyError(r, c.policy.Name, rq.start, c.err)
 		return
@@ -136,11 +140,11 @@ func (n *Node) finishCall(r micro.Request, c *call, rq *routed) {
 		n.metrics.deduped.Inc()
 	case c.dryRun:
 	case c.out.ShadowDenied:
-		n.metrics.decisions.WithLabelValues(c.out.Policy, "shadow_denied").Inc()
+		n.metrics.decision(c.out.Policy, resShadowDenied)
 	case c.out.Allowed:
-		n.metrics.decisions.WithLabelValues(c.out.Policy, "allowed").Inc()
+		n.metrics.decision(c.out.Policy, resAllowed)
 	default:
-		n.metrics.decisions.WithLabelValues(c.out.Policy, "denied").Inc()
+		n.metrics.decision(c.out.Policy, resDenied)
 	}
 	part := rq.part
 	if rq.p.Mode == policies.ModeLocal {

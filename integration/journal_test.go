@@ -395,3 +395,63 @@ func TestReadStateRecord(t *testing.T) {
 		t.Fatalf("ReadStateRecord after the stop: %x, %v", got, err)
 	}
 }
+
+// TestJournalStaleFence: fences that do not take a partition from the
+// node (one from an epoch before the node's, one naming the node itself)
+// are read and passed over: the node's next append, which they made fail,
+// is retried and commits, and the node keeps serving the partition.
+func TestJournalStaleFence(t *testing.T) {
+	e := server(t, t.TempDir())
+	tn := startNode(t, e, mesh.NodeConfig{NodeID: "n0", CheckpointInterval: time.Hour})
+	rev := putPolicy(t, tn.nc, "rl_policies", "slow", slowPolicy)
+	waitRevision(t, tn.nc, map[string]string{"tenant": "probe"}, rev)
+	desc := map[string]string{"tenant": "stale"}
+	key := slowKey("stale")
+	p := tn.node.PartitionOf(key)
+	if r := decide(t, tn.nc, "rl.v1.decide", req(desc, `"cost":10`)); !r.Allowed || whole(r) != 30 {
+		t.Fatalf("first spend: %+v", r)
+	}
+	epoch := tn.node.Epoch(p)
+	if epoch < 2 {
+		t.Fatalf("epoch %d: no older epoch to fence with", epoch)
+	}
+	js, stream, _ := journalStream(t, tn.nc)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	subj := "rl.v1.journal." + tn.node.ID()
+	want := int64(30)
+	for _, f := range []struct {
+		what  string
+		epoch uint64
+		node  string
+	}{
+		{"an older epoch", epoch - 1, "intruder"},
+		{"the node itself", epoch + 1000, tn.node.ID()},
+	} {
+		ack, err := js.Publish(ctx, subj, fenceMsg(p, f.epoch, f.node))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want--
+		r := decide(t, tn.nc, "rl.v1.decide", req(desc, `"cost":1`))
+		if !r.Allowed || whole(r) != want {
+			t.Fatalf("after a fence of %s: %+v, want admitted with %d left", f.what, r, want)
+		}
+		last, err := stream.GetLastMsgForSubject(ctx, subj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last.Sequence <= ack.Sequence {
+			t.Fatalf("after a fence of %s: last journal message %d not after the fence %d", f.what, last.Sequence, ack.Sequence)
+		}
+		if got := storedUnits(t, tn.nc, key); got != want {
+			t.Fatalf("after a fence of %s: record holds %d units, want %d", f.what, got, want)
+		}
+		if !tn.node.Owns(p) || tn.node.Epoch(p) != epoch {
+			t.Fatalf("after a fence of %s: owns %v in epoch %d, want epoch %d", f.what, tn.node.Owns(p), tn.node.Epoch(p), epoch)
+		}
+	}
+	if v := metricValue(t, tn, `limitmesh_ownership_changes_total{change="lost"}`); v != 0 {
+		t.Fatalf("lost changes %v, want 0", v)
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/limitmesh/limitmesh/kvstate"
 )
@@ -213,6 +214,24 @@ func (n *Node) startJournal(ctx, bgctx context.Context, js jetstream.JetStream, 
 	}
 	if mark, err := j.readMark(ctx, j.self); err == nil {
 		j.mark = mark
+	}
+	for _, c := range []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "limitmesh_journal_appends_total",
+			Help: "Messages this node appended to its state journal (each carries the records of every key changed meanwhile).",
+		}, func() float64 { return float64(j.appends.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "limitmesh_journal_records_total",
+			Help: "Key records this node committed through its state journal.",
+		}, func() float64 { return float64(j.records.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "limitmesh_checkpoint_writes_total",
+			Help: "Journalled key records this node checkpointed to the state bucket.",
+		}, func() float64 { return float64(j.checkpoints.Load()) }),
+	} {
+		if err := n.reg.Register(c); err != nil {
+			return nil, err
+		}
 	}
 	n.bg.Add(2)
 	go func() { defer n.bg.Done(); j.run(bgctx) }()

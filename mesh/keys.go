@@ -282,11 +282,7 @@ func (n *Node) opTimeout(a action, now int64) time.Duration {
 }
 
 func (n *Node) observeOp(op string, t0 time.Time, err error) {
-	outcome := "ok"
-	if err != nil {
-		outcome = "error"
-	}
-	n.metrics.stateOps.WithLabelValues(op, outcome).Observe(time.Since(t0).Seconds())
+	n.metrics.stateOp(op, err).Observe(time.Since(t0).Seconds())
 }
 
 // ensureVersion makes sure the policy version a loaded record was written

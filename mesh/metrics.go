@@ -12,6 +12,8 @@ type metrics struct {
 	// policy name): a label lookup per decision costs more than the rest of
 	// the bookkeeping.
 	byPolicy sync.Map
+	// stateOpObs caches stateOps' children: [get, update][ok, error].
+	stateOpObs [2][2]prometheus.Observer
 
 	decisions        *prometheus.CounterVec   // policy, result
 	duration         prometheus.Histogram     // seconds
@@ -104,6 +106,11 @@ func newMetrics(reg prometheus.Registerer, cachedKeys func() float64) (*metrics,
 	if err := reg.Register(m.asyncLost); err != nil {
 		return nil, err
 	}
+	for i, op := range [2]string{"get", "update"} {
+		for k, outcome := range [2]string{"ok", "error"} {
+			m.stateOpObs[i][k] = m.stateOps.WithLabelValues(op, outcome)
+		}
+	}
 	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.casConflicts, m.casRetries,
 		m.policyRejections, m.policyRevision, m.errors, m.deduped, m.batchSize, m.corruptRecords,
 		m.cachedKeys, m.stateOps, m.ownedPartitions, m.forwarded, m.ownershipChanges} {
@@ -138,4 +145,17 @@ func (m *metrics) decision(policy string, res int) {
 		v, _ = m.byPolicy.LoadOrStore(policy, rc)
 	}
 	v.(*resultCounters)[res].Inc()
+}
+
+// stateOp returns the duration histogram of a state store operation op
+// ("get" or "update") that ended with err.
+func (m *metrics) stateOp(op string, err error) prometheus.Observer {
+	i, k := 0, 0
+	if op != "get" {
+		i = 1
+	}
+	if err != nil {
+		k = 1
+	}
+	return m.stateOpObs[i][k]
 }

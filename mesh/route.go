@@ -54,8 +54,8 @@ type partSlot struct {
 
 // router is the node's routing table.
 type router struct {
-	parts int
-	base  time.Time
+	parts    int
+	base     time.Time
 	slots    []partSlot
 	subjects []string // <prefix>.v1.shard.<n>
 }

@@ -28,7 +28,7 @@ func TestPolicyExplainFile(t *testing.T) {
 		{[]string{"acme", "--file", local, "--nodes", "3"}, 0, []string{"mode local", "limit rate: token_bucket, rate 10/s, burst 40",
 			"with 3 nodes", "local: rate: (3 − 1) × 40 = 80 units"}},
 		{[]string{"acme", "--file", local}, 0, []string{"with 1 node", "(1 − 1) × 40 = 0 units"}},
-		{[]string{"acme", "--file", async, "--nodes", "2"}, 0, []string{"mode async", "async: rate: 40 + 10/s × (20ms + 500ms) = 45.2 units",
+		{[]string{"acme", "--file", async, "--nodes", "2"}, 0, []string{"mode async", "async: rate: 40 + 10/s × (100ms + 500ms) = 46 units",
 			"async: w: limit 100 = 100 units per window"}},
 		{[]string{"acme", "--file", async, "--async-interval", "100ms", "--decision-timeout", "400ms"}, 0,
 			[]string{"async: rate: 40 + 10/s × (100ms + 400ms) = 45 units"}},

@@ -28,7 +28,7 @@ import (
 
 // DefaultAsyncInterval is the default write-behind interval of async mode
 // (NodeConfig.AsyncInterval).
-const DefaultAsyncInterval = 20 * time.Millisecond
+const DefaultAsyncInterval = 100 * time.Millisecond
 
 // BoundParams are the deployment figures an overshoot bound depends on.
 type BoundParams struct {

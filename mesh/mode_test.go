@@ -36,8 +36,8 @@ func TestOvershootBound(t *testing.T) {
 		{`{"match":{},` + acme + `,"mode":"local"}`, BoundParams{}, []int64{0}, []string{"(1 − 1) × 40 = 0"}, []string{""}},
 		{`{"match":{},` + win + `,"mode":"local"}`, BoundParams{Nodes: 2}, []int64{100e6}, []string{"(2 − 1) × 100 = 100"}, []string{"window"}},
 		// async, buckets: burst + rate × (interval + write timeout).
-		{`{"match":{},` + acme + `,"mode":"async"}`, BoundParams{}, []int64{45_200_000},
-			[]string{"40 + 10/s × (20ms + 500ms) = 45.2"}, []string{""}},
+		{`{"match":{},` + acme + `,"mode":"async"}`, BoundParams{}, []int64{46_000_000},
+			[]string{"40 + 10/s × (100ms + 500ms) = 46"}, []string{""}},
 		{`{"match":{},` + acme + `,"mode":"async"}`, BoundParams{Nodes: 5, AsyncInterval: time.Second, WriteTimeout: time.Second}, []int64{60e6},
 			[]string{"40 + 10/s × (1s + 1s) = 60"}, []string{""}},
 		// 0.5/s × 0.52 s = 0.26 units; a fraction of a micro-unit rounds up.

@@ -83,7 +83,7 @@ type NodeConfig struct {
 	// AsyncInterval is the write-behind interval of async-mode policies: a
 	// key's unwritten changes are written at most this long after the first
 	// of them (plus the duration of a write in flight); default
-	// DefaultAsyncInterval (20ms). See mode.go for the overshoot bound.
+	// DefaultAsyncInterval (100ms). See mode.go for the overshoot bound.
 	AsyncInterval time.Duration
 	// Partitions is the number of partitions limit keys hash to (default
 	// 64, at most MaxPartitions). It is recorded in the shards bucket by

@@ -62,11 +62,7 @@ func journalStream(t *testing.T, nc *nats.Conn) (jetstream.JetStream, jetstream.
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.KeyValue(ctx, "rl_state")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js, stream, kv
+	return js, stream, stateKV(t, nc)
 }
 
 // inBucket reports whether the state bucket holds key.

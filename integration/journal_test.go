@@ -451,3 +451,40 @@ func TestJournalStaleFence(t *testing.T) {
 		t.Fatalf("lost changes %v, want 0", v)
 	}
 }
+
+// TestJournalCrashAdoptionLong: as TestJournalCrashAdoption, with the dead
+// node's records spread over 150 journal messages (one per sequential
+// decision), more than the survivor reads one request at a time: the rest
+// comes through a consumer, and the last record of the key wins.
+func TestJournalCrashAdoptionLong(t *testing.T) {
+	e := server(t, t.TempDir())
+	cfg := func(id string) mesh.NodeConfig {
+		return mesh.NodeConfig{NodeID: id, LeaseTime: ownershipLease, CheckpointInterval: time.Hour}
+	}
+	n0 := startNode(t, e, cfg("n0"))
+	n1, kill := startKillableNode(t, e, cfg("n1"))
+	nodes := []*testNode{n0, n1}
+	rev := putPolicy(t, n0.nc, "rl_policies", "slow", slowPolicy)
+	waitApplied(t, "slow", rev, nodes...)
+	waitExclusive(t, nodes)
+
+	tenant := tenantOwnedBy(t, nodes, 1)
+	key := slowKey(tenant)
+	p := n0.node.PartitionOf(key)
+	desc := map[string]string{"tenant": tenant}
+	for i := range 150 {
+		if r := decide(t, n1.nc, "rl.v1.decide", req(desc, `"cost":"0.2"`)); !r.Allowed {
+			t.Fatalf("spend %d through the owner: %+v", i, r)
+		}
+	}
+	_, _, kv := journalStream(t, n0.nc)
+	if inBucket(t, kv, key) {
+		t.Fatal("the record is in the state bucket already: the test needs it in the journal only")
+	}
+	kill()
+	waitFor(t, "the survivor owns the dead node's partition", func() bool { return n0.node.Owns(p) })
+	r := decide(t, n0.nc, "rl.v1.decide", req(desc, `"cost":1`))
+	if r.Code != "" || !r.Allowed || whole(r) != 9 {
+		t.Fatalf("after the crash: %+v, want admitted with 9 left (30 of 40 spent before)", r)
+	}
+}

@@ -917,25 +917,18 @@ func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) 
 		r = &journalRead{next: mark + 1, states: make(map[string]journalState)}
 	}
 	subj := j.subjPre + id
-	for seq := r.next; seq <= upto; {
-		m, err := j.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
+	err := j.readRange(ctx, subj, r.next, upto, func(seq uint64, data []byte) error {
+		jm, err := decodeJournal(data)
 		if err != nil {
-			return nil, fmt.Errorf("reading the journal of %s: %w", id, err)
-		}
-		if m.Sequence > upto {
-			break
-		}
-		jm, derr := decodeJournal(m.Data)
-		if derr != nil {
-			return nil, fmt.Errorf("journal of %s, sequence %d: %w", id, m.Sequence, derr)
+			return fmt.Errorf("journal of %s, sequence %d: %w", id, seq, err)
 		}
 		for _, it := range jm.items {
-			r.states[it.key] = journalState{val: it.val, seq: m.Sequence}
+			r.states[it.key] = journalState{val: it.val, seq: seq}
 		}
-		seq = m.Sequence + 1
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the journal of %s: %w", id, err)
 	}
 	r.next = max(r.next, upto+1)
 	r.at = time.Now()
@@ -943,6 +936,86 @@ func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) 
 		j.reads[id] = r
 	}
 	return r.states, nil
+}
+
+// readRangeDirect is how many messages readRange fetches one request at a
+// time before it opens a consumer for the rest.
+const readRangeDirect = 64
+
+// readRange calls f for each message of subject subj with a sequence in
+// [from, upto], in order. A few messages are fetched one request each
+// (leader reads); a longer range (a dead node's journal since its mark,
+// under load up to tens of thousands of messages) through an ordered
+// consumer, which streams them.
+func (j *journalStore) readRange(ctx context.Context, subj string, from, upto uint64, f func(seq uint64, data []byte) error) error {
+	seq := from
+	for range readRangeDirect {
+		if seq > upto {
+			return nil
+		}
+		m, err := j.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if m.Sequence > upto {
+			return nil
+		}
+		if err := f(m.Sequence, m.Data); err != nil {
+			return err
+		}
+		seq = m.Sequence + 1
+	}
+	if seq > upto {
+		return nil
+	}
+	cons, err := j.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subj},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    seq,
+	})
+	if err != nil {
+		return err
+	}
+	wait := time.Second
+	if d, ok := ctx.Deadline(); ok {
+		wait = max(min(wait, time.Until(d)), time.Millisecond)
+	}
+	for {
+		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(wait))
+		if err != nil {
+			return err
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			meta, err := m.Metadata()
+			if err != nil {
+				return err
+			}
+			s := meta.Sequence.Stream
+			if s > upto {
+				return nil
+			}
+			if err := f(s, m.Data()); err != nil {
+				return err
+			}
+			if s == upto || meta.NumPending == 0 {
+				return nil
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return err
+		}
+		if got == 0 {
+			return nil // nothing left on the subject
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
 }
 
 // expireReads forgets cached journal reads older than two leases.

@@ -148,7 +148,7 @@ func startProcs(t *testing.T, spec procSpec) []*proc {
 		t.Cleanup(func() {
 			p.kill()
 			if t.Failed() {
-				t.Logf("stderr of %s (last 6 kB):\n%s", p.name, tail(p.stderr.String(), 6<<10))
+				t.Logf("stderr of %s (without route connection lines, last 6 kB):\n%s", p.name, tail(withoutRouteLines(p.stderr.String()), 6<<10))
 			}
 		})
 	}
@@ -402,4 +402,16 @@ func waitProcsApplied(t *testing.T, name string, rev uint64, procs ...*proc) {
 			return false
 		})
 	}
+}
+
+// withoutRouteLines drops the embedded servers' route connection lines
+// (a killed peer fills the log with them) from a process's stderr.
+func withoutRouteLines(s string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if !strings.Contains(l, "route") && !strings.Contains(l, "Route") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

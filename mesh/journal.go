@@ -129,8 +129,12 @@ type journalStore struct {
 	last    uint64 // the last sequence of subj this node knows of
 	mark    uint64 // batches up to it are checkpointed
 
-	adoptMu sync.Mutex
-	reads   map[string]*journalRead
+	// readLock (capacity 1) serializes journal reads of adoptions; a
+	// waiter gives up when its context ends (a read stalls while the
+	// stream elects a leader, and adoptions of one dead node's partitions
+	// all wait for it).
+	readLock chan struct{}
+	reads    map[string]*journalRead
 
 	ckMu sync.Mutex // one checkpoint at a time (a key is written by one)
 
@@ -202,6 +206,7 @@ func (n *Node) startJournal(ctx, bgctx context.Context, js jetstream.JetStream, 
 		entries:  make(map[string]*journalEntry),
 		gen:      make([]uint64, n.cfg.Partitions),
 		reads:    make(map[string]*journalRead),
+		readLock: make(chan struct{}, 1),
 	}
 	// Where this node's subject ends (a node restarted with the same id
 	// continues it; what it holds is adopted with the partitions).
@@ -899,8 +904,12 @@ func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64
 // from its mark up to sequence upto, reading on from an earlier read of the
 // same journal when there is one.
 func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) (map[string]journalState, error) {
-	j.adoptMu.Lock()
-	defer j.adoptMu.Unlock()
+	select {
+	case j.readLock <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting to read the journal of %s: %w", id, ctx.Err())
+	}
+	defer func() { <-j.readLock }()
 	r := j.reads[id]
 	if r == nil {
 		var mark uint64
@@ -1020,8 +1029,8 @@ func (j *journalStore) readRange(ctx context.Context, subj string, from, upto ui
 
 // expireReads forgets cached journal reads older than two leases.
 func (j *journalStore) expireReads() {
-	j.adoptMu.Lock()
-	defer j.adoptMu.Unlock()
+	j.readLock <- struct{}{}
+	defer func() { <-j.readLock }()
 	for id, r := range j.reads {
 		if time.Since(r.at) > 2*j.n.cfg.LeaseTime {
 			delete(j.reads, id)

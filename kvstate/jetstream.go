@@ -179,6 +179,7 @@ type opPipe struct {
 // pendingOp is one operation waiting for its answer.
 type pendingOp struct {
 	key      string
+	stream   string                      // a publish's stream (PublishAsync); "": the bucket's
 	onGet    func([]byte, uint64, error) // a read
 	onUpdate func(uint64, error)         // a write
 }
@@ -324,6 +325,10 @@ func (s *JetStreamStore) complete(op *pendingOp, data []byte, err error) {
 		op.onUpdate(0, fmt.Errorf("kvstate: update %q: %w", op.key, err))
 		return
 	}
+	if op.stream != "" {
+		op.onUpdate(parseAck(op.key, op.stream, data))
+		return
+	}
 	op.onUpdate(s.parseAck(op.key, data))
 }
 
@@ -343,7 +348,13 @@ type pubAck struct {
 // The usual shape {"stream":"KV_<bucket>","seq":N} is read without
 // encoding/json.
 func (s *JetStreamStore) parseAck(key string, data []byte) (uint64, error) {
-	if seq, ok := fastAck(data, s.stream); ok {
+	return parseAck(key, s.stream, data)
+}
+
+// parseAck decodes the acknowledgement of a publish of key (a KV key or a
+// subject) to stream.
+func parseAck(key, stream string, data []byte) (uint64, error) {
+	if seq, ok := fastAck(data, stream); ok {
 		return seq, nil
 	}
 	var a pubAck
@@ -355,7 +366,7 @@ func (s *JetStreamStore) parseAck(key string, data []byte) (uint64, error) {
 		return 0, fmt.Errorf("kvstate: update %q: %s: %w", key, a.Error.Description, ErrConflict)
 	case a.Error != nil:
 		return 0, fmt.Errorf("kvstate: update %q: jetstream error %d: %s", key, a.Error.ErrCode, a.Error.Description)
-	case a.Stream != s.stream || a.Seq == 0:
+	case a.Stream != stream || a.Seq == 0:
 		return 0, fmt.Errorf("kvstate: update %q: unexpected acknowledgement %q", key, data)
 	}
 	return a.Seq, nil
@@ -429,6 +440,29 @@ func (s *JetStreamStore) UpdateAsync(key string, value []byte, rev uint64, timeo
 	}
 	if err != nil {
 		go done(0, fmt.Errorf("kvstate: update %q: %w", key, err))
+	}
+}
+
+// PublishAsync publishes m (its Reply is replaced) to the JetStream stream
+// named stream over the store's pipelined reply subscription, and calls
+// done with the sequence the stream stored it at, or an error: a failed
+// expectation header (such as Nats-Expected-Last-Subject-Sequence) wraps
+// ErrConflict; no answer within timeout wraps context.DeadlineExceeded.
+// It is the cheap form of jetstream's PublishMsg for a caller that
+// publishes often (no per-call context, reply map or JSON decoding).
+func (s *JetStreamStore) PublishAsync(m *nats.Msg, stream string, timeout time.Duration, done func(uint64, error)) {
+	op := &pendingOp{key: m.Subject, stream: stream, onUpdate: done}
+	reply, err := s.register(op, timeout)
+	if err == nil {
+		m.Reply = reply
+		if err = s.nc.PublishMsg(m); err != nil {
+			if s.pipe.take(s.parseID(reply)) == nil {
+				return
+			}
+		}
+	}
+	if err != nil {
+		go done(0, fmt.Errorf("kvstate: publish to %q: %w", m.Subject, err))
 	}
 }
 

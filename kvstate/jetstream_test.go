@@ -280,3 +280,56 @@ func TestParseAckConflict(t *testing.T) {
 		t.Fatalf("ack with spaces: %d %v", rev, err)
 	}
 }
+
+// TestPublishAsync: a publish to another stream through the store's pipe
+// returns the stored sequence; a failed expected-sequence check is a
+// conflict; a subject no stream takes fails (no responders), and a stream
+// that never answers times out.
+func TestPublishAsync(t *testing.T) {
+	js, _ := jsBucket(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LOG", Subjects: []string{"log.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewJetStreamStore(ctx, js, "st")
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(subj string, expect string, timeout time.Duration) (uint64, error) {
+		m := nats.NewMsg(subj)
+		m.Data = []byte("x")
+		if expect != "" {
+			m.Header.Set("Nats-Expected-Last-Subject-Sequence", expect)
+		}
+		ch := make(chan error, 1)
+		var seq uint64
+		s.PublishAsync(m, "LOG", timeout, func(q uint64, err error) { seq = q; ch <- err })
+		return seq, <-ch
+	}
+	first, err := publish("log.a", "0", time.Second)
+	if err != nil || first == 0 {
+		t.Fatalf("first publish: %d, %v", first, err)
+	}
+	second, err := publish("log.a", strconv.FormatUint(first, 10), time.Second)
+	if err != nil || second <= first {
+		t.Fatalf("second publish: %d, %v (first %d)", second, err, first)
+	}
+	if _, err := publish("log.a", strconv.FormatUint(first, 10), time.Second); !errors.Is(err, ErrConflict) {
+		t.Fatalf("publish expecting a stale sequence: %v, want ErrConflict", err)
+	}
+	if _, err := publish("nolog.a", "", time.Second); err == nil || errors.Is(err, ErrConflict) {
+		t.Fatalf("publish to no stream: %v, want a store error", err)
+	}
+	sub, err := js.Conn().SubscribeSync("quiet.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := js.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := publish("quiet.a", "", 20*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("unanswered publish: %v, want DeadlineExceeded", err)
+	}
+}

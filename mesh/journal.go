@@ -121,6 +121,10 @@ type journalStore struct {
 	interval time.Duration
 
 	wake chan struct{}
+	// acks carries the acknowledgement of the writer's append (one at a
+	// time) from the store's reply subscription.
+	acks       chan journalAck
+	streamName string
 
 	mu      sync.Mutex
 	entries map[string]*journalEntry
@@ -201,12 +205,14 @@ func (n *Node) startJournal(ctx, bgctx context.Context, js jetstream.JetStream, 
 		timeout: n.cfg.DecisionTimeout,
 		// Records reach the bucket well within its idle expiry (the
 		// journal stream keeps messages as long).
-		interval: min(n.cfg.CheckpointInterval, n.cfg.StateTTL/4),
-		wake:     make(chan struct{}, 1),
-		entries:  make(map[string]*journalEntry),
-		gen:      make([]uint64, n.cfg.Partitions),
-		reads:    make(map[string]*journalRead),
-		readLock: make(chan struct{}, 1),
+		interval:   min(n.cfg.CheckpointInterval, n.cfg.StateTTL/4),
+		wake:       make(chan struct{}, 1),
+		acks:       make(chan journalAck, 1),
+		streamName: n.JournalStream(),
+		entries:    make(map[string]*journalEntry),
+		gen:        make([]uint64, n.cfg.Partitions),
+		reads:      make(map[string]*journalRead),
+		readLock:   make(chan struct{}, 1),
 	}
 	// Where this node's subject ends (a node restarted with the same id
 	// continues it; what it holds is adopted with the partitions).
@@ -477,11 +483,9 @@ func (j *journalStore) commit(ctx context.Context, batch []*journalWrite, buf []
 		j.mu.Unlock()
 		msg := &nats.Msg{Subject: j.subj, Data: buf,
 			Header: nats.Header{expectedSubjSeqHdr: []string{strconv.FormatUint(last, 10)}}}
-		actx, cancel := context.WithDeadline(ctx, deadline)
-		ack, err := j.js.PublishMsg(actx, msg)
-		cancel()
+		seq, err := j.publish(msg, time.Until(deadline))
 		if err == nil {
-			j.committed(batch, ack.Sequence)
+			j.committed(batch, seq)
 			return buf
 		}
 		lastErr = err
@@ -509,6 +513,21 @@ func (j *journalStore) commit(ctx context.Context, batch []*journalWrite, buf []
 		}
 		batch = keep
 	}
+}
+
+// publish appends m and waits for the acknowledgement (at most timeout):
+// the sequence it was stored at. Only the writer calls it.
+func (j *journalStore) publish(m *nats.Msg, timeout time.Duration) (uint64, error) {
+	j.under.PublishAsync(m, j.streamName, timeout, func(seq uint64, err error) {
+		j.acks <- journalAck{seq, err}
+	})
+	a := <-j.acks
+	return a.seq, a.err
+}
+
+type journalAck struct {
+	seq uint64
+	err error
 }
 
 func later(a, b time.Time) time.Time {

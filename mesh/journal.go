@@ -981,7 +981,11 @@ func (j *journalStore) readRange(ctx context.Context, subj string, from, upto ui
 		if seq > upto {
 			return nil
 		}
-		m, err := j.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		// Each read is bounded on its own: one stalled by a stream
+		// leader election fails fast, and the adoption is retried.
+		rctx, cancel := context.WithTimeout(ctx, j.timeout)
+		m, err := j.stream.GetMsg(rctx, seq, jetstream.WithGetMsgSubject(subj))
+		cancel()
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}

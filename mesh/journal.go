@@ -560,13 +560,14 @@ func (j *journalStore) committed(batch []*journalWrite, seq uint64) {
 	j.mu.Unlock()
 	j.appends.Add(1)
 	j.records.Add(int64(len(batch)))
-	// The writer goes on with the next batch while the callbacks (the
-	// owner cores' next steps and the replies) run.
-	go func() {
-		for _, w := range batch {
-			w.done(tagRev(seq|journalRevBit, w.gen), nil)
-		}
-	}()
+	// The callbacks run here, on the writer, before it takes the next
+	// batch: the writes they start (the calls that queued on these keys)
+	// join that batch. (Running them on a goroutine of their own while the
+	// next append went out made smaller batches: strict decisions were
+	// about 8% slower.)
+	for _, w := range batch {
+		w.done(tagRev(seq|journalRevBit, w.gen), nil)
+	}
 }
 
 // resync reads this node's subject after last (the writer's: only the

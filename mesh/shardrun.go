@@ -164,10 +164,12 @@ func (s *shardRunner) observe(e jetstream.KeyValueEntry) {
 				v = partValue{Node: "?"}
 			}
 		}
+		newer := e.Revision() > s.core.obs[n].rev
 		s.core.observePart(n, v, e.Revision(), deleted, now)
 		// Another node renewed (so it finished adopting from this node's
-		// journal) or the entry was released (checkpointed first).
-		if j := s.n.journal; j != nil && (deleted || (v.Node != s.core.self && v.Epoch != 0)) {
+		// journal) or the entry was released (checkpointed first); an
+		// entry older than one already seen says nothing of the present.
+		if j := s.n.journal; j != nil && newer && (deleted || (v.Node != s.core.self && v.Epoch != 0)) {
 			j.ownedElsewhere(n)
 		}
 	}

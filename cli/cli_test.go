@@ -36,12 +36,15 @@ func TestServeFlagsFromEnvironment(t *testing.T) {
 		"LIMITMESH_DECISION_TIMEOUT=250ms",
 		"LIMITMESH_REPLICAS=3",
 		"LIMITMESH_PREFIX=fromenv",
+		"LIMITMESH_CHECKPOINT_INTERVAL=2s",
+		"LIMITMESH_JOURNAL=false",
 	})}
 	c, parse := serveFlags(s)
 	if err := parse([]string{"--prefix", "fromflag"}); err != nil {
 		t.Fatal(err)
 	}
-	if c.natsURL != "nats://example:4222" || c.decisionTimeout.String() != "250ms" || c.replicas != 3 {
+	if c.natsURL != "nats://example:4222" || c.decisionTimeout.String() != "250ms" || c.replicas != 3 ||
+		c.checkpoint.String() != "2s" || c.journal {
 		t.Errorf("environment not applied: %+v", c)
 	}
 	if c.prefix != "fromflag" {
@@ -61,6 +64,7 @@ func TestServeBadFlagsExitNonZeroWithOneLine(t *testing.T) {
 		{"bad env", []string{"LIMITMESH_REPLICAS=many"}, []string{"serve"}, "LIMITMESH_REPLICAS"},
 		{"bad prefix", nil, []string{"serve", "--prefix", "Bad.Prefix"}, "--prefix"},
 		{"zero timeout", nil, []string{"serve", "--decision-timeout", "0s"}, "--decision-timeout"},
+		{"zero checkpoint interval", nil, []string{"serve", "--checkpoint-interval", "0s"}, "--checkpoint-interval"},
 		{"cluster with url", nil, []string{"serve", "--nats-url", "nats://x:1", "--routes", "nats://y:2"}, "--routes"},
 	}
 	for _, tc := range cases {

@@ -35,6 +35,8 @@ type serveConfig struct {
 	partitions      int
 	lease           time.Duration
 	nodeID          string
+	checkpoint      time.Duration
+	journal         bool
 }
 
 var (
@@ -62,6 +64,8 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 	fs.IntVar(&c.partitions, "partitions", mesh.DefaultPartitions, "partitions of the key space (every node of a mesh must use the same count)")
 	fs.DurationVar(&c.lease, "lease", mesh.DefaultLeaseTime, "partition lease: a node that stops renewing loses its partitions after this long")
 	fs.StringVar(&c.nodeID, "node-id", "", "node id in the <prefix>_shards bucket, unique per running node (default: random)")
+	fs.DurationVar(&c.checkpoint, "checkpoint-interval", mesh.DefaultCheckpointInterval, "how often journalled state is written to <prefix>_state (at most a quarter of --state-ttl)")
+	fs.BoolVar(&c.journal, "journal", true, "write state through the state journal (false: one compare-and-swap per key and batch)")
 	return c, func(args []string) error {
 		if err := parseFlags(fs, args, s); err != nil {
 			return err
@@ -87,6 +91,8 @@ func (c *serveConfig) validate() error {
 		return errors.New("--drain-timeout must be positive")
 	case c.partitions < 1 || c.partitions > mesh.MaxPartitions:
 		return fmt.Errorf("--partitions %d: must be 1..%d", c.partitions, mesh.MaxPartitions)
+	case c.checkpoint <= 0:
+		return errors.New("--checkpoint-interval must be positive")
 	case c.lease < mesh.MinLeaseTime:
 		return fmt.Errorf("--lease %v: must be at least %v", c.lease, mesh.MinLeaseTime)
 	case c.nodeID != "" && !nodeIDRE.MatchString(c.nodeID):
@@ -174,6 +180,9 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		Partitions:      c.partitions,
 		LeaseTime:       c.lease,
 		NodeID:          c.nodeID,
+
+		CheckpointInterval: c.checkpoint,
+		NoJournal:          !c.journal,
 	}, log)
 	cancel()
 	if err != nil {

@@ -488,3 +488,35 @@ func TestJournalCrashAdoptionLong(t *testing.T) {
 		t.Fatalf("after the crash: %+v, want admitted with 9 left (30 of 40 spent before)", r)
 	}
 }
+
+// TestNoJournal: with NodeConfig.NoJournal (serve --journal=false) every
+// strict decision's record is a compare-and-swap write of its key: it is
+// in the state bucket when the reply comes, and no journal stream exists.
+func TestNoJournal(t *testing.T) {
+	e := server(t, t.TempDir())
+	tn := startNode(t, e, mesh.NodeConfig{NoJournal: true})
+	rev := putPolicy(t, tn.nc, "rl_policies", "slow", slowPolicy)
+	waitRevision(t, tn.nc, map[string]string{"tenant": "probe"}, rev)
+	desc := map[string]string{"tenant": "nj"}
+	for range 10 {
+		if r := decide(t, tn.nc, "rl.v1.decide", req(desc, "")); !r.Allowed {
+			t.Fatalf("spend: %+v", r)
+		}
+	}
+	kv := stateKV(t, tn.nc)
+	if !inBucket(t, kv, slowKey("nj")) {
+		t.Fatal("the record is not in the state bucket after the replies")
+	}
+	if got := storedUnits(t, tn.nc, slowKey("nj")); got != 30 {
+		t.Fatalf("stored %d units, want 30", got)
+	}
+	js, err := jetstream.New(tn.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	if _, err := js.Stream(ctx, "RL_JOURNAL"); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("journal stream with NoJournal: %v, want not found", err)
+	}
+}

@@ -343,15 +343,17 @@ func (j *journalStore) UpdateAsync(key string, value []byte, rev uint64, timeout
 	w.gen = j.gen[w.part]
 	e := j.entries[key]
 	known := e != nil && !e.orphan
-	j.mu.Unlock()
 	switch {
 	case rev != 0 && rev>>revSeqBits&revGenMask != w.gen&revGenMask:
+		j.mu.Unlock()
 		go done(0, kvstate.ErrConflict)
 		return
 	case rev == 0 && known:
+		j.mu.Unlock()
 		go done(0, kvstate.ErrConflict)
 		return
 	case rev == 0:
+		j.mu.Unlock()
 		j.under.GetAsync(key, timeout, func(_ []byte, r uint64, err error) {
 			switch {
 			case err == nil:
@@ -367,13 +369,21 @@ func (j *journalStore) UpdateAsync(key string, value []byte, rev uint64, timeout
 	case rev&journalRevBit == 0:
 		w.kvRev, w.kvKnown = rev&revSeqMask, true
 	}
-	j.enqueue(w)
+	// The common case: into the next batch under the same lock.
+	j.pending = append(j.pending, w)
+	j.mu.Unlock()
+	j.signal()
 }
 
 func (j *journalStore) enqueue(ws ...*journalWrite) {
 	j.mu.Lock()
 	j.pending = append(j.pending, ws...)
 	j.mu.Unlock()
+	j.signal()
+}
+
+// signal wakes the writer if it waits.
+func (j *journalStore) signal() {
 	select {
 	case j.wake <- struct{}{}:
 	default:

@@ -95,11 +95,19 @@ func fenceMsg(part int, epoch uint64, node string) []byte {
 	return append(b, node...)
 }
 
-// TestJournalCrashAdoption: an owner whose records are only in its journal
-// (long checkpoint interval) dies without handing its partitions over; the
-// survivor claims its partition, adopts the records from the dead node's
-// journal and decides against them: nothing admitted before is forgotten.
-func TestJournalCrashAdoption(t *testing.T) {
+// crashPair is two nodes (records checkpointed hourly, so they stay in the
+// journal) and a key of slowPolicy whose partition n1 owns; kill closes
+// n1's connection.
+type crashPair struct {
+	n0, n1 *testNode
+	kill   func()
+	key    string
+	p      int
+	desc   map[string]string
+}
+
+func startCrashPair(t *testing.T) crashPair {
+	t.Helper()
 	e := server(t, t.TempDir())
 	cfg := func(id string) mesh.NodeConfig {
 		return mesh.NodeConfig{NodeID: id, LeaseTime: ownershipLease, CheckpointInterval: time.Hour}
@@ -110,11 +118,19 @@ func TestJournalCrashAdoption(t *testing.T) {
 	rev := putPolicy(t, n0.nc, "rl_policies", "slow", slowPolicy)
 	waitApplied(t, "slow", rev, nodes...)
 	waitExclusive(t, nodes)
-
 	tenant := tenantOwnedBy(t, nodes, 1)
 	key := slowKey(tenant)
-	p := n0.node.PartitionOf(key)
-	desc := map[string]string{"tenant": tenant}
+	return crashPair{n0: n0, n1: n1, kill: kill, key: key, p: n0.node.PartitionOf(key),
+		desc: map[string]string{"tenant": tenant}}
+}
+
+// TestJournalCrashAdoption: an owner whose records are only in its journal
+// (long checkpoint interval) dies without handing its partitions over; the
+// survivor claims its partition, adopts the records from the dead node's
+// journal and decides against them: nothing admitted before is forgotten.
+func TestJournalCrashAdoption(t *testing.T) {
+	c := startCrashPair(t)
+	n0, n1, kill, key, p, desc := c.n0, c.n1, c.kill, c.key, c.p, c.desc
 	if r := decide(t, n1.nc, "rl.v1.decide", req(desc, `"cost":15`)); !r.Allowed || whole(r) != 25 {
 		t.Fatalf("spend through the owner: %+v", r)
 	}
@@ -457,21 +473,8 @@ func TestJournalStaleFence(t *testing.T) {
 // decision), more than the survivor reads one request at a time: the rest
 // comes through a consumer, and the last record of the key wins.
 func TestJournalCrashAdoptionLong(t *testing.T) {
-	e := server(t, t.TempDir())
-	cfg := func(id string) mesh.NodeConfig {
-		return mesh.NodeConfig{NodeID: id, LeaseTime: ownershipLease, CheckpointInterval: time.Hour}
-	}
-	n0 := startNode(t, e, cfg("n0"))
-	n1, kill := startKillableNode(t, e, cfg("n1"))
-	nodes := []*testNode{n0, n1}
-	rev := putPolicy(t, n0.nc, "rl_policies", "slow", slowPolicy)
-	waitApplied(t, "slow", rev, nodes...)
-	waitExclusive(t, nodes)
-
-	tenant := tenantOwnedBy(t, nodes, 1)
-	key := slowKey(tenant)
-	p := n0.node.PartitionOf(key)
-	desc := map[string]string{"tenant": tenant}
+	c := startCrashPair(t)
+	n0, n1, kill, key, p, desc := c.n0, c.n1, c.kill, c.key, c.p, c.desc
 	for i := range 150 {
 		if r := decide(t, n1.nc, "rl.v1.decide", req(desc, `"cost":"0.2"`)); !r.Allowed {
 			t.Fatalf("spend %d through the owner: %+v", i, r)

@@ -325,11 +325,11 @@ func (s *JetStreamStore) complete(op *pendingOp, data []byte, err error) {
 		op.onUpdate(0, fmt.Errorf("kvstate: update %q: %w", op.key, err))
 		return
 	}
-	if op.stream != "" {
-		op.onUpdate(parseAck(op.key, op.stream, data))
-		return
+	stream := op.stream
+	if stream == "" {
+		stream = s.stream
 	}
-	op.onUpdate(s.parseAck(op.key, data))
+	op.onUpdate(parseAck(op.key, stream, data))
 }
 
 // pubAck is a JetStream publish acknowledgement.
@@ -343,16 +343,10 @@ type pubAck struct {
 	} `json:"error"`
 }
 
-// parseAck decodes the acknowledgement of a write of key: the new
-// revision, ErrConflict for a failed expected-sequence check, or an error.
-// The usual shape {"stream":"KV_<bucket>","seq":N} is read without
-// encoding/json.
-func (s *JetStreamStore) parseAck(key string, data []byte) (uint64, error) {
-	return parseAck(key, s.stream, data)
-}
-
 // parseAck decodes the acknowledgement of a publish of key (a KV key or a
-// subject) to stream.
+// subject) to stream: the stored sequence (a KV write's new revision),
+// ErrConflict for a failed expected-sequence check, or an error. The usual
+// shape {"stream":"<stream>","seq":N} is read without encoding/json.
 func parseAck(key, stream string, data []byte) (uint64, error) {
 	if seq, ok := fastAck(data, stream); ok {
 		return seq, nil

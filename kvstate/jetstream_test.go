@@ -205,14 +205,7 @@ func TestJetStreamStoreAsyncFailures(t *testing.T) {
 		t.Fatalf("Get with the bucket gone: %v, want a store error", err)
 	}
 	// A subscriber that never answers: the operations time out.
-	sub, err := js.Conn().SubscribeSync("$KV.st.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := js.Conn().Flush(); err != nil {
-		t.Fatal(err)
-	}
+	silence(t, js.Conn(), "$KV.st.>")
 	done := make(chan error, 2)
 	s.UpdateAsync("k", []byte("x"), 0, 20*time.Millisecond, func(_ uint64, err error) { done <- err })
 	s.UpdateAsync("j", []byte("x"), 3, 40*time.Millisecond, func(_ uint64, err error) { done <- err })
@@ -268,15 +261,15 @@ func FuzzParseAck(f *testing.F) {
 
 func TestParseAckConflict(t *testing.T) {
 	s := &JetStreamStore{stream: "KV_st"}
-	_, err := s.parseAck("k", []byte(`{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"},"stream":"KV_st","seq":0}`))
+	_, err := parseAck("k", s.stream, []byte(`{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"},"stream":"KV_st","seq":0}`))
 	if !errors.Is(err, ErrConflict) {
 		t.Fatalf("wrong last sequence: %v, want ErrConflict", err)
 	}
-	_, err = s.parseAck("k", []byte(`{"error":{"code":503,"err_code":10077,"description":"resource limits exceeded"}}`))
+	_, err = parseAck("k", s.stream, []byte(`{"error":{"code":503,"err_code":10077,"description":"resource limits exceeded"}}`))
 	if err == nil || errors.Is(err, ErrConflict) {
 		t.Fatalf("other JetStream error: %v, want a store error", err)
 	}
-	if rev, err := s.parseAck("k", []byte(`{"stream":"KV_st", "seq":5, "duplicate":false}`)); err != nil || rev != 5 {
+	if rev, err := parseAck("k", s.stream, []byte(`{"stream":"KV_st", "seq":5, "duplicate":false}`)); err != nil || rev != 5 {
 		t.Fatalf("ack with spaces: %d %v", rev, err)
 	}
 }
@@ -321,15 +314,22 @@ func TestPublishAsync(t *testing.T) {
 	if _, err := publish("nolog.a", "", time.Second); err == nil || errors.Is(err, ErrConflict) {
 		t.Fatalf("publish to no stream: %v, want a store error", err)
 	}
-	sub, err := js.Conn().SubscribeSync("quiet.>")
+	silence(t, js.Conn(), "quiet.>")
+	if _, err := publish("quiet.a", "", 20*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("unanswered publish: %v, want DeadlineExceeded", err)
+	}
+}
+
+// silence subscribes to subject on nc without ever answering (until the
+// test ends), so requests there get no reply.
+func silence(t *testing.T, nc *nats.Conn, subject string) {
+	t.Helper()
+	sub, err := nc.SubscribeSync(subject)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Unsubscribe()
-	if err := js.Conn().Flush(); err != nil {
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
-	}
-	if _, err := publish("quiet.a", "", 20*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("unanswered publish: %v, want DeadlineExceeded", err)
 	}
 }

@@ -161,8 +161,9 @@ type journalState struct {
 // JournalStream returns the name of the journal stream.
 func (n *Node) JournalStream() string { return strings.ToUpper(n.cfg.Prefix) + "_JOURNAL" }
 
-// journalSubject returns the journal subject of node id.
-func (n *Node) journalSubject(id string) string { return n.cfg.Prefix + ".v1.journal." + id }
+// journalSubjects returns the prefix of the journal subjects of an
+// installation: a node's subject is the prefix and its id.
+func journalSubjects(prefix string) string { return prefix + ".v1.journal." }
 
 // startJournal creates the journal stream if needed and returns the
 // journal store over under; its goroutines run until ctx ends.
@@ -174,7 +175,7 @@ func (n *Node) startJournal(ctx, bgctx context.Context, js jetstream.JetStream, 
 			stream, err = js.CreateStream(ctx, jetstream.StreamConfig{
 				Name:        n.JournalStream(),
 				Description: "limitmesh state journal",
-				Subjects:    []string{n.cfg.Prefix + ".v1.journal.*"},
+				Subjects:    []string{journalSubjects(n.cfg.Prefix) + "*"},
 				Storage:     jetstream.FileStorage,
 				Replicas:    n.cfg.Replicas,
 				MaxAge:      n.cfg.StateTTL,
@@ -199,8 +200,8 @@ func (n *Node) startJournal(ctx, bgctx context.Context, js jetstream.JetStream, 
 		kv:      kv,
 		js:      js,
 		stream:  stream,
-		subjPre: n.cfg.Prefix + ".v1.journal.",
-		subj:    n.journalSubject(n.cfg.NodeID),
+		subjPre: journalSubjects(n.cfg.Prefix),
+		subj:    journalSubjects(n.cfg.Prefix) + n.cfg.NodeID,
 		self:    n.cfg.NodeID,
 		timeout: n.cfg.DecisionTimeout,
 		// Records reach the bucket well within its idle expiry (the
@@ -223,7 +224,7 @@ func (n *Node) startJournal(ctx, bgctx context.Context, js jetstream.JetStream, 
 	}); err != nil {
 		return nil, fmt.Errorf("mesh: journal: %w", err)
 	}
-	if mark, err := j.readMark(ctx, j.self); err == nil {
+	if mark, err := readMark(ctx, j.kv, j.self); err == nil {
 		j.mark = mark
 	}
 	for _, c := range []prometheus.Collector{
@@ -785,9 +786,10 @@ func (j *journalStore) advanceMark(ctx context.Context) {
 	}
 }
 
-// readMark returns node id's mark (0 when it has none).
-func (j *journalStore) readMark(ctx context.Context, id string) (uint64, error) {
-	e, err := j.kv.Get(ctx, journalMarkPrefix+id)
+// readMark returns node id's mark, from the state bucket kv (0 when it
+// has none).
+func readMark(ctx context.Context, kv jetstream.KeyValue, id string) (uint64, error) {
+	e, err := kv.Get(ctx, journalMarkPrefix+id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return 0, nil
 	}
@@ -949,7 +951,7 @@ func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) 
 			j.mu.Unlock()
 		} else {
 			var err error
-			if mark, err = j.readMark(ctx, id); err != nil {
+			if mark, err = readMark(ctx, j.kv, id); err != nil {
 				return nil, err
 			}
 		}
@@ -1090,7 +1092,7 @@ func ReadStateRecord(ctx context.Context, js jetstream.JetStream, prefix, key st
 	var best []byte
 	if stream != nil {
 		marks := make(map[string]uint64)
-		filter := prefix + ".v1.journal.*"
+		filter := journalSubjects(prefix) + "*"
 		for seq := uint64(1); ; {
 			m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -1100,12 +1102,10 @@ func ReadStateRecord(ctx context.Context, js jetstream.JetStream, prefix, key st
 				return nil, err
 			}
 			seq = m.Sequence + 1
-			node := strings.TrimPrefix(m.Subject, prefix+".v1.journal.")
+			node := strings.TrimPrefix(m.Subject, journalSubjects(prefix))
 			mark, ok := marks[node]
 			if !ok {
-				if e, err := kv.Get(ctx, journalMarkPrefix+node); err == nil {
-					mark, _ = strconv.ParseUint(string(e.Value()), 10, 64)
-				}
+				mark, _ = readMark(ctx, kv, node) // unreadable: 0, read it all
 				marks[node] = mark
 			}
 			if m.Sequence <= mark {

@@ -138,6 +138,36 @@ func TestAsyncMode(t *testing.T) {
 	waitFor(t, "deduped state written", func() bool { return storedUnits(t, tn.nc, limitKey(t, "b")) == 39 })
 }
 
+// TestAsyncGracefulStop: a graceful stop writes the async changes still
+// waiting for their write-behind (here a whole hour away) before it hands
+// the partitions over, so the next owner finds them in the state bucket.
+func TestAsyncGracefulStop(t *testing.T) {
+	e := server(t, t.TempDir())
+	tn := startNode(t, e, mesh.NodeConfig{AsyncInterval: time.Hour, CheckpointInterval: time.Hour})
+	rev := putPolicy(t, tn.nc, "rl_policies", "slow", modePolicy("async"))
+	waitRevision(t, tn.nc, map[string]string{"tenant": "probe"}, rev)
+	for i := range 12 {
+		if r := decide(t, tn.nc, "rl.v1.decide", req(map[string]string{"tenant": "g"}, "")); !r.Allowed || int(r.Remaining) != 39-i {
+			t.Fatalf("spend %d: %+v", i, r)
+		}
+	}
+	key := limitKey(t, "g")
+	if got := storedUnits(t, tn.nc, key); got != -1 {
+		t.Fatalf("stored %d units before the stop: the test needs the write-behind still pending", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	if err := tn.node.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := storedUnits(t, tn.nc, key); got != 28 {
+		t.Fatalf("stored %d units after a graceful stop, want 28", got)
+	}
+	if v := metricValue(t, tn, "limitmesh_async_lost_writes_total"); v != 0 {
+		t.Fatalf("%v async writes lost", v)
+	}
+}
+
 // TestLocalModeTwoNodes: a local policy is enforced by each node alone
 // (two nodes admit up to 2 × burst in total) and writes nothing to the
 // state bucket.

@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -123,4 +124,44 @@ func (n *Node) flushKey(key string, e *keyEntry) {
 		return
 	}
 	go n.runKey(key, e)
+}
+
+// flushPartition writes the unwritten async changes of partition p's keys
+// now, before a graceful release checkpoints and hands p over (otherwise
+// they would meet the next owner's epoch and be lost), and waits until
+// those keys are idle or deadline passes. The slot no longer serves, so
+// no new change arrives meanwhile.
+func (n *Node) flushPartition(ctx context.Context, p int, deadline time.Time) {
+	type pending struct {
+		key string
+		e   *keyEntry
+	}
+	var keys []pending
+	t := n.keys
+	t.mu.Lock()
+	for k, e := range t.m {
+		if partitionOf(k, n.router.parts) != p {
+			continue
+		}
+		e.mu.Lock()
+		if e.running || !e.o.idle() {
+			keys = append(keys, pending{k, e})
+		}
+		e.mu.Unlock()
+	}
+	t.mu.Unlock()
+	for _, k := range keys {
+		n.flushKey(k.key, k.e)
+	}
+	for _, k := range keys {
+		for ctx.Err() == nil && time.Now().Before(deadline) {
+			k.e.mu.Lock()
+			done := !k.e.running && k.e.o.idle()
+			k.e.mu.Unlock()
+			if done {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 }

@@ -332,13 +332,15 @@ func (s *shardRunner) adopt(ctx context.Context, op shardOp, epoch uint64) error
 
 // drain waits until partition p has no call in flight on this node
 // (bounded by the decision timeout: the slot no longer serves, so no new
-// call starts), then drops its cached keys.
+// call starts), writes its keys' unwritten async changes (bounded by the
+// decision timeout again), then drops its cached keys.
 func (s *shardRunner) drain(ctx context.Context, p int) {
 	slot := &s.n.router.slots[p]
 	deadline := time.Now().Add(s.n.cfg.DecisionTimeout + 100*time.Millisecond)
 	for slot.inflight.Load() > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(time.Millisecond)
 	}
+	s.n.flushPartition(ctx, p, time.Now().Add(s.n.cfg.DecisionTimeout+100*time.Millisecond))
 	s.n.dropPartitionKeys(p)
 }
 

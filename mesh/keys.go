@@ -108,7 +108,7 @@ func (n *Node) submit(key string, c *call, now int64) {
 	t := n.keys
 	if c.policy.Mode == policies.ModeLocal {
 		t.local.decide(n.policies, key, c, now)
-		c.done(c)
+		c.done.finish(c)
 		return
 	}
 	t.mu.Lock()
@@ -126,7 +126,7 @@ func (n *Node) submit(key string, c *call, now int64) {
 		if arm {
 			n.armFlush(key, e)
 		}
-		c.done(c)
+		c.done.finish(c)
 		return
 	}
 	e.o.submit(c)
@@ -180,7 +180,7 @@ func (n *Node) runKey(key string, e *keyEntry) {
 			n.armFlush(key, e)
 		}
 		for _, c := range a.finished {
-			c.done(c)
+			c.done.finish(c)
 		}
 		switch a.kind {
 		case actNone:
@@ -326,6 +326,6 @@ func (n *Node) recoverKey(key string, e *keyEntry, v any) {
 	e.mu.Unlock()
 	for _, c := range calls {
 		c.err = fmt.Errorf("%w: internal error", errInternal)
-		c.done(c)
+		c.done.finish(c)
 	}
 }

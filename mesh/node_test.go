@@ -44,7 +44,7 @@ func (r *fakeRequest) Reply() string          { return "_INBOX.x" }
 
 // offlineNode is a Node wired to a store without NATS: the handler, the
 // key runners and the owner cores are the real ones.
-func offlineNode(t *testing.T, store kvstate.Store, timeout time.Duration, ps ...*policies.Policy) *Node {
+func offlineNode(t testing.TB, store kvstate.Store, timeout time.Duration, ps ...*policies.Policy) *Node {
 	t.Helper()
 	n := &Node{
 		cfg:   NodeConfig{Prefix: "rl", DecisionTimeout: timeout, MaxConflicts: DefaultMaxConflicts, StateTTL: time.Hour},

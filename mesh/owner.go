@@ -104,7 +104,7 @@ type call struct {
 	deduped bool
 
 	// done is for the driver (the reply to send); the core never reads it.
-	done func(*call)
+	done interface{ finish(*call) }
 }
 
 type actionKind uint8

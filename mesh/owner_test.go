@@ -34,7 +34,7 @@ func (e *fakeEnv) version(name string, rev uint64) (*policies.Policy, int64, boo
 	return v.p, v.created, ok
 }
 
-func tbPolicy(t *testing.T, name string, rev uint64, rate string, burst int, extra string) *policies.Policy {
+func tbPolicy(t testing.TB, name string, rev uint64, rate string, burst int, extra string) *policies.Policy {
 	t.Helper()
 	doc := fmt.Sprintf(`{"match":{"tenant":"*"},"limits":[{"name":"rate","algorithm":"token_bucket","rate":%q,"burst":%d}]%s}`, rate, burst, extra)
 	p, err := policies.Parse(name, []byte(doc))

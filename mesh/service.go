@@ -11,8 +11,13 @@ import (
 	"github.com/nats-io/nats.go/micro"
 )
 
-// routed is a decide request on its way to the owner of its key.
+// routed is a decide request on its way to the owner of its key. It is
+// the request's one allocation on the hot path: it carries the call the
+// owner decides, the partition slot that counts it in flight and the
+// reply's buffer.
 type routed struct {
+	n        *Node
+	r        micro.Request
 	req      request
 	p        *policies.Policy
 	key      string
@@ -20,7 +25,15 @@ type routed struct {
 	start    time.Time // when this node received it
 	deadline time.Time // decision deadline on this node
 	hopped   bool      // it was forwarded to this node (never forward again)
+
+	c    call      // the call being decided (submitCall)
+	slot *partSlot // counts c in flight in its partition; nil: not counted
+	buf  [replyBufSize]byte
 }
+
+// replyBufSize holds any decision reply: the largest, with every number
+// at its widest and a 64-byte policy name, is under 200 bytes.
+const replyBufSize = 208
 
 // handleDecide is the handler of the decide endpoint and of the shard
 // subjects. It validates the request, resolves the policy and the limit
@@ -51,7 +64,7 @@ func (n *Node) handleDecide(r micro.Request) {
 		if !req.dryRun {
 			n.metrics.decision("", resAllowed)
 		}
-		n.replyOK(r, start, decision{Allowed: true}, -1)
+		n.replyOK(r, start, decision{Allowed: true}, -1, nil)
 		return
 	}
 	key, err := p.LimitKey(req.desc)
@@ -62,7 +75,7 @@ func (n *Node) handleDecide(r micro.Request) {
 		n.replyError(r, p.Name, start, fmt.Errorf("%w: %v", ErrBadRequest, err))
 		return
 	}
-	rq := &routed{req: req, p: p, key: key, part: -1, start: start,
+	rq := &routed{n: n, r: r, req: req, p: p, key: key, part: -1, start: start,
 		deadline: start.Add(n.cfg.DecisionTimeout)}
 	if h := r.Headers(); h != nil {
 		rq.hopped = h.Get(HopHeader) != ""
@@ -102,28 +115,36 @@ func (n *Node) submitCall(r micro.Request, rq *routed, slot *partSlot, at time.T
 	if n.cfg.Clock != nil {
 		now = n.clock().UnixNano()
 	}
-	c := &call{
+	// A call is submitted again only after its previous submission
+	// finished (fenced: finish forwards it), so rq.c is free.
+	rq.c = call{
 		policy:   rq.p,
 		cost:     rq.req.cost,
 		dryRun:   rq.req.dryRun,
 		deadline: now + int64(rq.deadline.Sub(at)),
+		done:     rq,
 	}
 	if rq.req.id != "" {
-		c.id, c.hasID = idHash(rq.req.id), true
+		rq.c.id, rq.c.hasID = idHash(rq.req.id), true
 	}
-	c.done = func(c *call) {
-		if slot != nil {
-			slot.inflight.Add(-1)
-		}
-		if isFenced(c.err) && slot != nil && time.Until(rq.deadline) > 0 {
-			// Nothing was written: this node lost the partition while
-			// deciding. The new owner decides.
-			go n.forward(r, rq)
-			return
-		}
-		n.finishCall(r, c, rq)
+	rq.slot = slot
+	n.submit(rq.key, &rq.c, now)
+}
+
+// finish is the driver's end of rq's call c: it sends the reply, or
+// forwards rq when this node lost the partition while deciding.
+func (rq *routed) finish(c *call) {
+	n := rq.n
+	if rq.slot != nil {
+		rq.slot.inflight.Add(-1)
 	}
-	n.submit(rq.key, c, now)
+	if isFenced(c.err) && rq.slot != nil && time.Until(rq.deadline) > 0 {
+		// Nothing was written: this node lost the partition while
+		// deciding. The new owner decides.
+		go n.forward(rq.r, rq)
+		return
+	}
+	n.finishCall(rq.r, c, rq)
 }
 
 // finishCall sends the reply of a call the owner finished.
@@ -150,14 +171,14 @@ func (n *Node) finishCall(r micro.Request, c *call, rq *routed) {
 	if rq.p.Mode == policies.ModeLocal {
 		part = -1 // any node decides a local key: no hint
 	}
-	n.replyOK(r, rq.start, c.out, part)
+	n.replyOK(r, rq.start, c.out, part, rq.buf[:0])
 }
 
-// replyOK sends a decision; part is the limit key's partition (the
-// reply's "partition" hint), or -1.
-func (n *Node) replyOK(r micro.Request, start time.Time, d decision, part int) {
-	var buf [208]byte
-	if err := r.Respond(appendReply(buf[:0], d, part)); err != nil {
+// replyOK sends a decision, encoded into buf (the reply is copied out
+// before Respond returns); part is the limit key's partition (the reply's
+// "partition" hint), or -1.
+func (n *Node) replyOK(r micro.Request, start time.Time, d decision, part int, buf []byte) {
+	if err := r.Respond(appendReply(buf, d, part)); err != nil {
 		n.log.Debug("reply failed", "error", err.Error())
 	}
 	n.metrics.duration.Observe(time.Since(start).Seconds())

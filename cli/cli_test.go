@@ -38,13 +38,14 @@ func TestServeFlagsFromEnvironment(t *testing.T) {
 		"LIMITMESH_PREFIX=fromenv",
 		"LIMITMESH_CHECKPOINT_INTERVAL=2s",
 		"LIMITMESH_JOURNAL=false",
+		"LIMITMESH_ASYNC_INTERVAL=250ms",
 	})}
 	c, parse := serveFlags(s)
 	if err := parse([]string{"--prefix", "fromflag"}); err != nil {
 		t.Fatal(err)
 	}
 	if c.natsURL != "nats://example:4222" || c.decisionTimeout.String() != "250ms" || c.replicas != 3 ||
-		c.checkpoint.String() != "2s" || c.journal {
+		c.checkpoint.String() != "2s" || c.journal || c.asyncInterval.String() != "250ms" {
 		t.Errorf("environment not applied: %+v", c)
 	}
 	if c.prefix != "fromflag" {
@@ -65,6 +66,8 @@ func TestServeBadFlagsExitNonZeroWithOneLine(t *testing.T) {
 		{"bad prefix", nil, []string{"serve", "--prefix", "Bad.Prefix"}, "--prefix"},
 		{"zero timeout", nil, []string{"serve", "--decision-timeout", "0s"}, "--decision-timeout"},
 		{"zero checkpoint interval", nil, []string{"serve", "--checkpoint-interval", "0s"}, "--checkpoint-interval"},
+		{"zero async interval", nil, []string{"serve", "--async-interval", "0s"}, "--async-interval"},
+		{"huge async interval", nil, []string{"serve", "--async-interval", "2m"}, "--async-interval"},
 		{"cluster with url", nil, []string{"serve", "--nats-url", "nats://x:1", "--routes", "nats://y:2"}, "--routes"},
 	}
 	for _, tc := range cases {

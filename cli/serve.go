@@ -37,6 +37,7 @@ type serveConfig struct {
 	nodeID          string
 	checkpoint      time.Duration
 	journal         bool
+	asyncInterval   time.Duration
 }
 
 var (
@@ -65,6 +66,7 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 	fs.DurationVar(&c.lease, "lease", mesh.DefaultLeaseTime, "partition lease: a node that stops renewing loses its partitions after this long")
 	fs.StringVar(&c.nodeID, "node-id", "", "node id in the <prefix>_shards bucket, unique per running node (default: random)")
 	fs.DurationVar(&c.checkpoint, "checkpoint-interval", mesh.DefaultCheckpointInterval, "how often journalled state is written to <prefix>_state (at most a quarter of --state-ttl)")
+	fs.DurationVar(&c.asyncInterval, "async-interval", mesh.DefaultAsyncInterval, "write-behind interval of async-mode policies (their overshoot bound grows with it: limitmesh policy explain)")
 	fs.BoolVar(&c.journal, "journal", true, "write state through the state journal (false: one compare-and-swap per key and batch)")
 	return c, func(args []string) error {
 		if err := parseFlags(fs, args, s); err != nil {
@@ -93,6 +95,8 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("--partitions %d: must be 1..%d", c.partitions, mesh.MaxPartitions)
 	case c.checkpoint <= 0:
 		return errors.New("--checkpoint-interval must be positive")
+	case c.asyncInterval <= 0 || c.asyncInterval > time.Minute:
+		return fmt.Errorf("--async-interval %v: must be positive and at most 1m", c.asyncInterval)
 	case c.lease < mesh.MinLeaseTime:
 		return fmt.Errorf("--lease %v: must be at least %v", c.lease, mesh.MinLeaseTime)
 	case c.nodeID != "" && !nodeIDRE.MatchString(c.nodeID):
@@ -182,6 +186,7 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		NodeID:          c.nodeID,
 
 		CheckpointInterval: c.checkpoint,
+		AsyncInterval:      c.asyncInterval,
 		NoJournal:          !c.journal,
 	}, log)
 	cancel()

@@ -186,8 +186,11 @@ type owner struct {
 	// async mode), for the driver's metrics.
 	lost int
 
-	// limits is reused for DecideAll's input; spare for its output.
-	limits []kvstate.Limit
+	// limits is DecideAll's input, the limits of policy version
+	// limitsOf (parsed policies are never modified); spare is reused
+	// for its output.
+	limits   []kvstate.Limit
+	limitsOf *policies.Policy
 	spare  []kvstate.State
 	// corrupt counts stored records that could not be decoded.
 	corrupt int
@@ -234,7 +237,11 @@ func (o *owner) policyFor(c *call) *policies.Policy {
 // On a key never read and with blind allowed, it starts the owner blind
 // (see Blind async start) when c changes the empty record.
 func (o *owner) decideInline(c *call, now int64) (ok, arm bool) {
-	if len(o.queue) > 0 || (o.busy && !o.asyncWrite) || o.policyFor(c).Mode != policies.ModeAsync {
+	if len(o.queue) > 0 || (o.busy && !o.asyncWrite) {
+		return false, false
+	}
+	p := o.policyFor(c)
+	if p.Mode != policies.ModeAsync {
 		return false, false
 	}
 	if now >= c.deadline {
@@ -245,7 +252,7 @@ func (o *owner) decideInline(c *call, now int64) (ok, arm bool) {
 			return false, false
 		}
 		var rec record
-		if !o.decide(&rec, c, now) {
+		if !o.decideWith(&rec, c, p, now) {
 			c.out, c.deduped = decision{}, false
 			return false, false
 		}
@@ -255,7 +262,7 @@ func (o *owner) decideInline(c *call, now int64) (ok, arm bool) {
 		o.markDirty()
 		return true, o.armIfDirty()
 	}
-	if o.decide(&o.rec, c, now) || o.keepAliveDue(now) {
+	if o.decideWith(&o.rec, c, p, now) || o.keepAliveDue(now) {
 		o.markDirty()
 	}
 	return true, o.armIfDirty()
@@ -536,7 +543,11 @@ func (o *owner) dropCache() {
 // decide decides c at now against rec, updating rec, and reports whether
 // rec changed in a way that must be written.
 func (o *owner) decide(rec *record, c *call, now int64) bool {
-	p := o.policyFor(c)
+	return o.decideWith(rec, c, o.policyFor(c), now)
+}
+
+// decideWith is decide with c's policy resolved already (policyFor).
+func (o *owner) decideWith(rec *record, c *call, p *policies.Policy, now int64) bool {
 	c.mode = p.Mode
 	if rec.policy != p.Name || rec.revision != p.Revision {
 		o.transition(rec, p, now)
@@ -549,9 +560,12 @@ func (o *owner) decide(rec *record, c *call, now int64) bool {
 			return false
 		}
 	}
-	o.limits = o.limits[:0]
-	for _, l := range p.Limits {
-		o.limits = append(o.limits, l.Limit)
+	if o.limitsOf != p {
+		o.limits = o.limits[:0]
+		for _, l := range p.Limits {
+			o.limits = append(o.limits, l.Limit)
+		}
+		o.limitsOf = p
 	}
 	// Decide into the spare buffer; on admission the buffers swap (rec is
 	// the owner's own record, never shared: writes carry encoded bytes).

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -489,6 +491,88 @@ func TestJournalCrashAdoptionLong(t *testing.T) {
 	r := decide(t, n0.nc, "rl.v1.decide", req(desc, `"cost":1`))
 	if r.Code != "" || !r.Allowed || whole(r) != 9 {
 		t.Fatalf("after the crash: %+v, want admitted with 9 left (30 of 40 spent before)", r)
+	}
+}
+
+// TestJournalClaimerKilled: the owner dies with its records only in its
+// journal, and the node that claims its partition is killed the moment its
+// claim appears (as a rule while it fences and reads the dead node's
+// journal, before it serves). The last node takes the partition over from
+// both and decides against what was spent before the first crash.
+func TestJournalClaimerKilled(t *testing.T) {
+	e := server(t, t.TempDir())
+	nodes := make([]*testNode, 3)
+	kills := make([]func(), 3)
+	for i := range nodes {
+		nodes[i], kills[i] = startKillableNode(t, e, mesh.NodeConfig{NodeID: "n" + strconv.Itoa(i),
+			LeaseTime: ownershipLease, CheckpointInterval: time.Hour})
+	}
+	rev := putPolicy(t, nodes[0].nc, "rl_policies", "slow", slowPolicy)
+	waitApplied(t, "slow", rev, nodes...)
+	waitExclusive(t, nodes)
+	tenant := tenantOwnedBy(t, nodes, 1)
+	desc := map[string]string{"tenant": tenant}
+	p := nodes[0].node.PartitionOf(slowKey(tenant))
+	if r := decide(t, nodes[1].nc, "rl.v1.decide", req(desc, `"cost":15`)); !r.Allowed || whole(r) != 25 {
+		t.Fatalf("spend through the owner: %+v", r)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	js, err := jetstream.New(nodes[0].nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shards, err := js.KeyValue(ctx, "rl_shards")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := shards.Watch(ctx, "part."+strconv.Itoa(p), jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+
+	kills[1]()
+	claimer := -1
+	var claim struct {
+		Node string   `json:"node"`
+		From []string `json:"from"`
+	}
+	for claimer < 0 {
+		select {
+		case en := <-w.Updates():
+			if en == nil || en.Operation() != jetstream.KeyValuePut || json.Unmarshal(en.Value(), &claim) != nil {
+				continue
+			}
+			switch claim.Node {
+			case "n0":
+				claimer = 0
+			case "n2":
+				claimer = 2
+			}
+		case <-ctx.Done():
+			t.Fatal("no node claimed the dead owner's partition")
+		}
+	}
+	serving := nodes[claimer].node.Owns(p)
+	kills[claimer]()
+	t.Logf("claimer n%d killed; its claim adopts from %v; serving already: %v", claimer, claim.From, serving)
+	if !slices.Contains(claim.From, "n1") {
+		t.Fatalf("the claim after n1's crash adopts from %v, not from n1", claim.From)
+	}
+
+	last := nodes[2-claimer]
+	waitFor(t, "the last node owns the partition", func() bool { return last.node.Owns(p) })
+	r := decide(t, last.nc, "rl.v1.decide", req(desc, `"cost":1`))
+	if r.Code != "" || !r.Allowed || whole(r) != 24 {
+		t.Fatalf("after both crashes: %+v, want admitted with 24 left (15 of 40 spent before)", r)
+	}
+	if r := decide(t, last.nc, "rl.v1.decide", req(desc, `"cost":25`)); r.Allowed {
+		t.Fatalf("spending 25 of the 24 left was admitted: %+v", r)
+	}
+	if r := decide(t, last.nc, "rl.v1.decide", req(desc, `"cost":24`)); !r.Allowed || whole(r) != 0 {
+		t.Fatalf("spending the 24 left: %+v", r)
 	}
 }
 

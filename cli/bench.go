@@ -34,14 +34,28 @@ import (
 // The run. bench installs a policy of its own, bench-<mode>-<run>, matching
 // only the dimension bench_run=<run> (a random id), keyed by
 // [bench_run, key], with one token_bucket limit (--rate, --burst) in --mode,
-// and waits until a node decides with it. Then two phases run one after the
-// other over the same load connections, with the same concurrency and the
-// same key sequence: first the echo phase against a trivial responder bench
-// starts on a connection of its own (queue group, reply of the size of a
-// real decision reply, the request body of a real decision), then the decide
-// phase against <prefix>.v1.decide. The echo phase is the baseline: what the
-// same client gets from NATS alone; ratio = decisions/s / echo/s. At the
-// end the policy is deleted.
+// and waits until a node decides with it. Then two phases run over the same
+// load connections, with the same concurrency and the same key sequence:
+// the echo phase against a trivial responder bench starts on a connection
+// of its own (queue group, reply of the size of a real decision reply, the
+// request body of a real decision), and the decide phase against
+// <prefix>.v1.decide. The echo phase is the baseline: what the same client
+// gets from NATS alone; ratio = decisions/s / echo/s. At the end the policy
+// is deleted.
+//
+// Rounds. The phases do not run one after the other but in --rounds
+// alternating slices, echo first: echo, decide, echo, decide, ..., each
+// phase's --echo-duration or --duration split into --rounds equal parts.
+// On a shared VM the machine's speed drifts over seconds (the echo
+// baseline alone varied by ±20% between runs), and two phases that sample
+// the same stretch of time in alternation see the same drift, so their
+// ratio is steadier than that of two phases measured back to back. A phase
+// keeps its workers across its slices (their connections' reply slots, key
+// pickers, histograms and counters), so its key sequence continues where
+// the previous slice left it and its figures are those of one phase with
+// the gaps cut out: a slice ends as a phase did (stop, then wait for the
+// requests in flight), and a phase's time is the sum of its slices'.
+// --rounds 1 is the two phases back to back.
 //
 // Load. --concurrency requests are in flight at any time, spread over
 // --conns connections: each of --concurrency workers sends one request and
@@ -61,13 +75,18 @@ import (
 //
 // Overshoot. For every key bench adds up the cost admitted and notes the
 // send time of the first admitted request and the receive time of the last
-// one. The node decides each of them at an instant of its own clock between
-// that send and that receive, so on a clock that runs at the bench's rate
-// (the same machine; across machines, up to the clocks' rate difference)
-// the node's interval [t1, t2] lies inside the bench's, and the contract
-// admitted(t1, t2) <= burst + rate*(t2-t1) (CONTRACT.md §3; the key is
-// fresh, so it starts full) implies admitted <= burst + rate*span with the
-// bench's span. The check is therefore sound (a correct node never shows
+// one, both as time since one base instant taken before the first slice
+// (bench's monotonic clock), so a key's span is right when it crosses
+// slices. The node decides each of them at an instant of its own clock
+// between that send and that receive, so on a clock that runs at the
+// bench's rate (the same machine; across machines, up to the clocks' rate
+// difference) the node's interval [t1, t2] lies inside the bench's, and the
+// contract admitted(t1, t2) <= burst + rate*(t2-t1) (CONTRACT.md §3; the
+// key is fresh, so it starts full; echo requests never reach the node)
+// implies admitted <= burst + rate*span with the bench's span. The echo
+// slices inside a span are idle time for the key, in which its bucket
+// refills; the contract counts them like any other time, so they belong
+// in the span. The check is therefore sound (a correct node never shows
 // overshoot) but lenient by rate times the first request's and the last
 // reply's latency. overshoot = sum over keys of max(0, admitted -
 // (burst + rate*span)), in units, computed exactly in micro-units (the
@@ -79,6 +98,7 @@ type benchConfig struct {
 	external     bool
 	duration     time.Duration
 	echoDuration time.Duration
+	rounds       int
 	concurrency  int
 	conns        int
 	keys         int
@@ -100,6 +120,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	c.cf.register(fs)
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "length of the decide phase")
 	fs.DurationVar(&c.echoDuration, "echo-duration", 0, "length of the raw NATS echo phase (default: --duration)")
+	fs.IntVar(&c.rounds, "rounds", 5, "alternating slices each phase is split into, echo first (1: echo, then decide)")
 	fs.IntVar(&c.concurrency, "concurrency", 64, "requests in flight")
 	fs.IntVar(&c.conns, "conns", 4, "NATS connections the requests are spread over")
 	fs.IntVar(&c.keys, "keys", 10000, "distinct limit keys (1: a single hot key)")
@@ -112,7 +133,8 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.BoolVar(&c.jsonOut, "json", false, "print the results as one JSON object on the last line")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	fs.BoolVar(&c.verbose, "v", false, "log what the embedded node does")
-	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the decide phase (this process: the embedded node too) to `file`")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the decide phase (this process: the embedded node too) to `file`; "+
+		"pprof cannot pause, so with --rounds > 1 it also covers the echo slices between the first and the last decide slice")
 	fs.Usage = func() {
 		fmt.Fprintln(s.err, "usage: limitmesh bench [--nats-url URL] [--duration 10s] [--concurrency 64] [--keys 10000] [--zipf 1.1] [--mode strict] [--json]")
 		fmt.Fprintln(s.err, "Without --nats-url, bench starts an embedded node in this process.")
@@ -146,6 +168,12 @@ func (c *benchConfig) validate() error {
 		return fmt.Errorf("--prefix %q: must match %s", c.cf.prefix, prefixRE)
 	case c.duration <= 0 || c.echoDuration <= 0:
 		return errors.New("--duration and --echo-duration must be positive")
+	case c.rounds < 1 || c.rounds > 1000:
+		return fmt.Errorf("--rounds %d: must be 1..1000", c.rounds)
+	case min(c.duration, c.echoDuration) < time.Duration(c.rounds)*time.Millisecond:
+		// A shorter slice would measure mostly its own start and stop.
+		return fmt.Errorf("--duration %v and --echo-duration %v: must give each of the %d rounds at least 1ms",
+			c.duration, c.echoDuration, c.rounds)
 	case c.concurrency < 1 || c.concurrency > 100_000:
 		return fmt.Errorf("--concurrency %d: must be 1..100000", c.concurrency)
 	case c.conns < 1 || c.conns > 1024:
@@ -341,26 +369,16 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	logf(progress, "bench: policy %s (revision %d): token_bucket %s burst %s per key, mode %s",
 		plan.policyName, rev, c.rate, c.burst, c.mode)
 	r := &benchRun{c: c, plan: plan, dist: dist, load: load, progress: progress}
-	echo, err := r.phase(ctx, "echo", plan.echoSubj, c.echoDuration, nil)
-	if err != nil {
-		return err
-	}
 	tally := make([]keyTally, c.keys)
 	for i := range tally {
 		tally[i].first.Store(math.MaxInt64)
 	}
-	stopProfile, err := startCPUProfile(c.cpuProfile)
-	if err != nil {
+	echo := r.newPhase("echo", plan.echoSubj, nil)
+	decide := r.newPhase("decide", plan.decideSubj, tally)
+	if err := r.runRounds(ctx, echo, decide); err != nil {
 		return err
 	}
-	decide, err := r.phase(ctx, "decide", plan.decideSubj, c.duration, tally)
-	if perr := stopProfile(); err == nil {
-		err = perr
-	}
-	if err != nil {
-		return err
-	}
-	rep := r.report(echo, decide, tally)
+	rep := r.report(echo.result(), decide.result(), tally)
 	rep.print(s.out, c, plan)
 	if c.jsonOut {
 		b, _ := json.Marshal(rep)
@@ -371,6 +389,70 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 			formatUnits(rep.OvershootMicro), rep.OvershootKeys)
 	}
 	return nil
+}
+
+// runRounds runs the slices of interleave in order. The CPU profile starts
+// with the first decide slice and stops after the last, which is the run's
+// last slice: pprof cannot pause, so the echo slices between are in it too.
+func (r *benchRun) runRounds(ctx context.Context, echo, decide *phase) (err error) {
+	stopProfile := func() error { return nil }
+	defer func() {
+		if perr := stopProfile(); err == nil {
+			err = perr
+		}
+	}()
+	r.base = time.Now()
+	for _, sl := range interleave(r.c.echoDuration, r.c.duration, r.c.rounds) {
+		p := echo
+		if sl.decide {
+			p = decide
+			if sl.round == 1 {
+				stop, err := startCPUProfile(r.c.cpuProfile)
+				if err != nil {
+					return err
+				}
+				stopProfile = stop
+			}
+		}
+		if err := r.runSlice(ctx, p, sl); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// benchSlice is one slice of a run: which phase, which of its rounds
+// (1-based), and for how long.
+type benchSlice struct {
+	decide bool
+	round  int
+	d      time.Duration
+}
+
+// interleave splits the echo and the decide phase's durations into rounds
+// slices each and orders them echo, decide, echo, decide, ...
+func interleave(echo, decide time.Duration, rounds int) []benchSlice {
+	e, d := splitDuration(echo, rounds), splitDuration(decide, rounds)
+	out := make([]benchSlice, 0, 2*rounds)
+	for i := range rounds {
+		out = append(out, benchSlice{round: i + 1, d: e[i]}, benchSlice{decide: true, round: i + 1, d: d[i]})
+	}
+	return out
+}
+
+// splitDuration splits d into n parts that differ by at most 1ns and add up
+// to d exactly (the first d mod n parts take the extra nanosecond), so a
+// phase's planned time does not depend on --rounds.
+func splitDuration(d time.Duration, n int) []time.Duration {
+	q, rem := d/time.Duration(n), int(d%time.Duration(n))
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = q
+		if i < rem {
+			out[i]++
+		}
+	}
+	return out
 }
 
 // startCPUProfile starts a CPU profile into path (none when path is empty);
@@ -486,12 +568,16 @@ type benchRun struct {
 	dist     *keyDist
 	load     []*inboxConn
 	progress io.Writer
+	// base is the instant the tallies' times count from: one for the whole
+	// run, taken before the first slice, so that a key's span may cross
+	// slices.
+	base time.Time
 }
 
-// keyTally is what bench saw of one key in the decide phase: admitted cost
-// (micro-units), the send time of the first admitted request and the
-// receive time of the last (ns since the phase began, bench's monotonic
-// clock). Workers update it with atomics.
+// keyTally is what bench saw of one key in the decide phase, over all its
+// slices: admitted cost (micro-units), the send time of the first admitted
+// request and the receive time of the last (ns since benchRun.base,
+// bench's monotonic clock). Workers update it with atomics.
 type keyTally struct {
 	admitted atomic.Int64
 	first    atomic.Int64 // math.MaxInt64 until the first admission
@@ -515,7 +601,9 @@ func (k *keyTally) add(cost, sent, received int64) {
 }
 
 // worker is one request in flight: it sends, waits for the reply and sends
-// the next. Only done and errs are read while it runs.
+// the next. Only done and errs are read while it runs; a phase's slices run
+// it one after the other (each on a goroutine of its own, started after the
+// previous one ended), so the other fields need no synchronisation.
 type worker struct {
 	done, errs atomic.Int64 // replies, errors so far
 
@@ -533,8 +621,8 @@ type worker struct {
 
 // phaseResult is one phase's merged figures.
 type phaseResult struct {
-	elapsed  time.Duration
-	replies  int64 // successful replies (decisions: admitted + denied)
+	elapsed  time.Duration // the phase's slices' time, summed
+	replies  int64         // successful replies (decisions: admitted + denied)
 	hist     latencyHist
 	admitted int64
 	denied   int64
@@ -552,56 +640,79 @@ func (p *phaseResult) perSec() float64 {
 	return float64(p.replies) / p.elapsed.Seconds()
 }
 
-// phase runs --concurrency workers against subject for d. With tally nil it
-// is the echo phase (replies are not parsed); otherwise every reply is a
-// decision, counted and, when admitted, added to its key's tally.
-func (r *benchRun) phase(ctx context.Context, name, subject string, d time.Duration, tally []keyTally) (*phaseResult, error) {
+// phase is the echo or the decide phase. Its workers outlive its slices:
+// each keeps its reply slot, key picker, histogram and counters, so the
+// slices together measure what one phase would, without the gaps.
+type phase struct {
+	name    string
+	subject string
+	tally   []keyTally // nil: the echo phase (replies are not parsed)
+	workers []*worker
+	elapsed time.Duration // summed over the slices run so far
+}
+
+// newPhase makes --concurrency workers against subject, spread over the
+// load connections; worker i draws keys from stream i of --seed in either
+// phase, so both phases send the same key sequence. With tally nil it is
+// the echo phase; otherwise every reply is a decision, counted and, when
+// admitted, added to its key's tally.
+func (r *benchRun) newPhase(name, subject string, tally []keyTally) *phase {
 	c := r.c
-	workers := make([]*worker, c.concurrency)
+	p := &phase{name: name, subject: subject, tally: tally, workers: make([]*worker, c.concurrency)}
 	next := make([]int, len(r.load))
-	for i := range workers {
+	for i := range p.workers {
 		conn := i % len(r.load)
-		workers[i] = &worker{
+		p.workers[i] = &worker{
 			slot: r.load[conn].slots[next[conn]],
 			pick: r.dist.picker(c.seed, uint64(i)),
 			hist: new(latencyHist),
 		}
 		next[conn]++
 	}
+	return p
+}
+
+// sum is the phase's replies and errors so far (safe while workers run).
+func (p *phase) sum() (done, errs int64) {
+	for _, w := range p.workers {
+		done += w.done.Load()
+		errs += w.errs.Load()
+	}
+	return done, errs
+}
+
+// runSlice runs the phase's workers for sl.d, then stops them and waits for
+// their requests in flight; the slice's time, to that end, is added to the
+// phase's. The other phase's workers are idle meanwhile, so the two never
+// share the reply slots.
+func (r *benchRun) runSlice(ctx context.Context, p *phase, sl benchSlice) error {
 	var stop atomic.Bool
 	var wg sync.WaitGroup
-	base := time.Now()
-	for _, w := range workers {
+	start := time.Now()
+	for _, w := range p.workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.work(w, subject, base, &stop, tally)
+			r.work(w, p.subject, &stop, p.tally)
 		}()
 	}
 	finished := make(chan struct{})
 	go func() { wg.Wait(); close(finished) }()
 
-	sum := func() (done, errs int64) {
-		for _, w := range workers {
-			done += w.done.Load()
-			errs += w.errs.Load()
-		}
-		return done, errs
-	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	end := time.NewTimer(d)
+	end := time.NewTimer(sl.d)
 	defer end.Stop()
-	var lastDone int64
+	lastDone, _ := p.sum()
 	interrupted := false
 wait:
 	for {
 		select {
 		case <-tick.C:
-			done, errs := sum()
-			el := time.Since(base)
-			logf(r.progress, "  %-6s %5.1fs  %9.0f/s (last second %9d/s)  errors %d",
-				name, el.Seconds(), float64(done)/el.Seconds(), done-lastDone, errs)
+			done, errs := p.sum()
+			el := p.elapsed + time.Since(start)
+			logf(r.progress, "  %-6s %d/%d %5.1fs  %9.0f/s (last second %9d/s)  errors %d",
+				p.name, sl.round, r.c.rounds, el.Seconds(), float64(done)/el.Seconds(), done-lastDone, errs)
 			lastDone = done
 		case <-end.C:
 			stop.Store(true)
@@ -612,11 +723,17 @@ wait:
 			break wait
 		}
 	}
-	res := &phaseResult{elapsed: time.Since(base)}
+	p.elapsed += time.Since(start)
 	if interrupted {
-		return nil, ctx.Err()
+		return ctx.Err()
 	}
-	for _, w := range workers {
+	return nil
+}
+
+// result merges the workers' figures; call it once no slice runs.
+func (p *phase) result() *phaseResult {
+	res := &phaseResult{elapsed: p.elapsed}
+	for _, w := range p.workers {
 		res.replies += w.done.Load()
 		res.errors += w.errs.Load()
 		res.hist.merge(w.hist)
@@ -627,12 +744,12 @@ wait:
 		res.failed += w.failed
 		res.unmatch += w.unmatched
 	}
-	return res, nil
+	return res
 }
 
-// work is one worker's loop until stop.
-func (r *benchRun) work(w *worker, subject string, base time.Time, stop *atomic.Bool, tally []keyTally) {
-	timeout := r.c.cf.timeout
+// work is one worker's loop until stop (one slice).
+func (r *benchRun) work(w *worker, subject string, stop *atomic.Bool, tally []keyTally) {
+	timeout, base := r.c.cf.timeout, r.base
 	for !stop.Load() {
 		k := w.pick.next()
 		w.body = r.plan.appendBody(w.body[:0], k)
@@ -913,6 +1030,7 @@ type benchReport struct {
 	Burst          string  `json:"burst"`
 	DurationS      float64 `json:"duration_s"`
 	EchoDurationS  float64 `json:"echo_duration_s"`
+	Rounds         int     `json:"rounds"`
 	Decisions      int64   `json:"decisions"`
 	DecisionsPerS  float64 `json:"decisions_per_sec"`
 	EchoRequests   int64   `json:"echo_requests"`
@@ -945,6 +1063,7 @@ func (r *benchRun) report(echo, decide *phaseResult, tally []keyTally) *benchRep
 		Cost: c.cost, Rate: c.rate, Burst: c.burst,
 		DurationS:     math.Round(decide.elapsed.Seconds()*1e3) / 1e3,
 		EchoDurationS: math.Round(echo.elapsed.Seconds()*1e3) / 1e3,
+		Rounds:        c.rounds,
 		Decisions:     decide.replies,
 		DecisionsPerS: math.Round(decide.perSec()),
 		EchoRequests:  echo.replies,
@@ -987,7 +1106,12 @@ func (rep *benchReport) print(w io.Writer, c *benchConfig, plan *benchPlan) {
 	}
 	fmt.Fprintf(w, "limitmesh bench: mode %s, %s, %d in flight over %d connections, cost %s\n",
 		c.mode, keys, c.concurrency, c.conns, c.cost)
-	fmt.Fprintf(w, "policy %s: token_bucket %s, burst %s per key\n\n", plan.policyName, c.rate, c.burst)
+	fmt.Fprintf(w, "policy %s: token_bucket %s, burst %s per key\n", plan.policyName, c.rate, c.burst)
+	if rep.Rounds == 1 {
+		fmt.Fprintf(w, "echo %.1fs, then decide %.1fs\n\n", rep.EchoDurationS, rep.DurationS)
+	} else {
+		fmt.Fprintf(w, "echo %.1fs and decide %.1fs, interleaved in %d rounds\n\n", rep.EchoDurationS, rep.DurationS, rep.Rounds)
+	}
 	fmt.Fprintf(w, "%-14s %10s %10s %9s %9s %9s %8s\n", "", "requests", "per sec", "p50 ms", "p99 ms", "p999 ms", "errors")
 	fmt.Fprintf(w, "%-14s %10d %10.0f %9.3f %9.3f %9.3f %8d\n", "raw NATS echo",
 		rep.EchoRequests, rep.EchoPerS, rep.EchoP50ms, rep.EchoP99ms, rep.EchoP999ms, rep.EchoErrors)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -90,6 +91,45 @@ func TestBenchEmbeddedStrict(t *testing.T) {
 	}
 }
 
+// TestBenchRoundsInterleaved runs the phases in 3 alternating rounds: both
+// phases measure, the JSON says how many rounds, and the decide phase's
+// tallies, kept across its slices with spans crossing the echo slices
+// between them, find no overshoot on two keys whose limit is far below the
+// load (so the spans and the refill between slices matter).
+func TestBenchRoundsInterleaved(t *testing.T) {
+	code, m, out, errOut := benchJSON(t, "--rounds", "3", "--duration", "300ms", "--echo-duration", "600ms",
+		"--keys", "2", "--zipf", "0", "--concurrency", "8", "--conns", "2", "--rate", "100/s", "--burst", "3")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	checkRun(t, m)
+	if num(t, m, "rounds") != 3 {
+		t.Errorf("rounds = %v, want 3", m["rounds"])
+	}
+	if num(t, m, "decisions") <= 0 || num(t, m, "echo_requests") <= 0 {
+		t.Errorf("a phase measured nothing: %v", m)
+	}
+	if num(t, m, "errors") != 0 || num(t, m, "echo_errors") != 0 {
+		t.Errorf("errors %v, echo errors %v: want 0", m["errors"], m["echo_errors"])
+	}
+	if num(t, m, "denied") == 0 {
+		t.Errorf("two keys at 100/s took every request: %v", m)
+	}
+	// A phase's time is the sum of its slices' (each runs its planned time
+	// and then waits for its requests in flight): at least the planned
+	// time, and without the 0.4s of echo slices between the first and the
+	// last decide slice (the bound leaves that much for the waits).
+	if d := num(t, m, "duration_s"); d < 0.3 || d >= 0.7 {
+		t.Errorf("duration_s = %v: want the decide slices' sum, 0.3s and a little", d)
+	}
+	if d := num(t, m, "echo_duration_s"); d < 0.6 {
+		t.Errorf("echo_duration_s = %v: want at least the 0.6s planned", d)
+	}
+	if !strings.Contains(out, "interleaved in 3 rounds") {
+		t.Errorf("report does not say the rounds:\n%s", out)
+	}
+}
+
 // TestBenchHotKeyAgainstServe runs bench with --nats-url against a node on
 // a TCP listener, with one key and a limit far below the offered load, so
 // most requests are denied and the admitted total is checked against the
@@ -162,6 +202,7 @@ func TestBenchBadFlags(t *testing.T) {
 		{"--concurrency", "0"},
 		{"--conns", "0"},
 		{"--duration", "0s"},
+		{"--rounds", "5", "--duration", "4ms"}, // slices under 1ms
 		{"--cost", "0"},
 		{"--cost", "1e3"},
 		{"--prefix", "Bad.Prefix"},
@@ -182,6 +223,7 @@ func TestBenchBadFlags(t *testing.T) {
 func TestBenchFlagsFromEnvironment(t *testing.T) {
 	s := stdio{err: new(strings.Builder), env: parseEnv([]string{
 		"LIMITMESH_NATS_URL=nats://example:4222", "LIMITMESH_KEYS=7", "LIMITMESH_ZIPF=0",
+		"LIMITMESH_ROUNDS=3",
 	})}
 	c, parse := benchFlags(s)
 	if err := parse([]string{"--keys", "9"}); err != nil {
@@ -190,8 +232,101 @@ func TestBenchFlagsFromEnvironment(t *testing.T) {
 	if !c.external || c.cf.natsURL != "nats://example:4222" {
 		t.Errorf("LIMITMESH_NATS_URL must select the external deployment: %+v", c)
 	}
-	if c.keys != 9 || c.zipf != 0 || c.echoDuration != c.duration {
-		t.Errorf("keys %d zipf %v echo %v: want 9 (flag wins), 0, --duration", c.keys, c.zipf, c.echoDuration)
+	if c.keys != 9 || c.zipf != 0 || c.echoDuration != c.duration || c.rounds != 3 {
+		t.Errorf("keys %d zipf %v echo %v rounds %d: want 9 (flag wins), 0, --duration, 3",
+			c.keys, c.zipf, c.echoDuration, c.rounds)
+	}
+	// Without the variable, 5 rounds.
+	c, parse = benchFlags(stdio{err: new(strings.Builder), env: parseEnv(nil)})
+	if err := parse(nil); err != nil || c.rounds != 5 {
+		t.Errorf("default rounds %d (%v), want 5", c.rounds, err)
+	}
+}
+
+func TestBenchRoundsRejected(t *testing.T) {
+	for _, v := range []string{"0", "-1", "1001"} {
+		code, _, errOut := run(t, nil, "bench", "--rounds", v)
+		if code != 2 || !strings.Contains(errOut, "--rounds") || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+			t.Errorf("bench --rounds %s: exit %d, stderr %q; want 2 and one line naming --rounds", v, code, errOut)
+		}
+	}
+	code, _, errOut := run(t, nil, "bench", "--rounds", "0", "--quiet")
+	if code != 2 || !strings.Contains(errOut, "must be 1..1000") {
+		t.Errorf("--rounds 0: exit %d, stderr %q", code, errOut)
+	}
+	code, _, errOut = run(t, []string{"LIMITMESH_ROUNDS=0"}, "bench")
+	if code != 2 || !strings.Contains(errOut, "--rounds") {
+		t.Errorf("LIMITMESH_ROUNDS=0: exit %d, stderr %q", code, errOut)
+	}
+}
+
+func TestInterleave(t *testing.T) {
+	for _, tc := range []struct {
+		echo, decide time.Duration
+		rounds       int
+	}{
+		{10 * time.Second, 10 * time.Second, 5},
+		{time.Second, 3 * time.Second, 1},
+		{10*time.Second + 7, 7 * time.Second, 3}, // not divisible: 7 ns over 3 slices
+		{5 * time.Millisecond, 5 * time.Millisecond, 5},
+		{time.Second, time.Second, 1000},
+	} {
+		plan := interleave(tc.echo, tc.decide, tc.rounds)
+		if len(plan) != 2*tc.rounds {
+			t.Fatalf("%v: %d slices, want %d", tc, len(plan), 2*tc.rounds)
+		}
+		var sum [2]time.Duration
+		lo := [2]time.Duration{math.MaxInt64, math.MaxInt64}
+		var hi [2]time.Duration
+		for i, sl := range plan {
+			// echo, decide, echo, decide, ...: round i/2+1 of each.
+			if sl.decide != (i%2 == 1) || sl.round != i/2+1 {
+				t.Fatalf("%v: slice %d is %+v", tc, i, sl)
+			}
+			p := 0
+			if sl.decide {
+				p = 1
+			}
+			sum[p] += sl.d
+			lo[p], hi[p] = min(lo[p], sl.d), max(hi[p], sl.d)
+		}
+		if sum[0] != tc.echo || sum[1] != tc.decide {
+			t.Errorf("%v: slices add up to echo %v, decide %v", tc, sum[0], sum[1])
+		}
+		if hi[0]-lo[0] > 1 || hi[1]-lo[1] > 1 {
+			t.Errorf("%v: slices not equal: echo %v..%v, decide %v..%v", tc, lo[0], hi[0], lo[1], hi[1])
+		}
+	}
+	// One round is the two phases back to back.
+	got := interleave(2*time.Second, 3*time.Second, 1)
+	if want := []benchSlice{{round: 1, d: 2 * time.Second}, {decide: true, round: 1, d: 3 * time.Second}}; !slices.Equal(got, want) {
+		t.Errorf("one round: %+v, want %+v", got, want)
+	}
+}
+
+// TestPhasesShareKeySequence checks that worker i of either phase draws
+// stream i of --seed and sends through load slot i: the phases' load is
+// the same whatever the rounds, as a phase makes its workers once and
+// every slice continues them.
+func TestPhasesShareKeySequence(t *testing.T) {
+	d, err := newKeyDist(1000, 1.1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := []*inboxConn{{slots: []*inboxSlot{{idx: 0}, {idx: 1}}}, {slots: []*inboxSlot{{idx: 0}}}}
+	r := &benchRun{c: &benchConfig{concurrency: 3, seed: 7}, dist: d, load: load}
+	echo, decide := r.newPhase("echo", "e", nil), r.newPhase("decide", "d", []keyTally{})
+	for i, slot := range []*inboxSlot{load[0].slots[0], load[1].slots[0], load[0].slots[1]} {
+		if echo.workers[i].slot != slot || decide.workers[i].slot != slot {
+			t.Errorf("worker %d does not send through its load slot", i)
+		}
+		want := d.picker(7, uint64(i))
+		for range 200 {
+			k := want.next()
+			if e, dk := echo.workers[i].pick.next(), decide.workers[i].pick.next(); e != k || dk != k {
+				t.Fatalf("worker %d: echo key %d, decide key %d, want %d", i, e, dk, k)
+			}
+		}
 	}
 }
 

@@ -150,16 +150,7 @@ func TestJournalCrashAdoption(t *testing.T) {
 	if e2 := n0.node.Epoch(p); e2 <= epoch {
 		t.Fatalf("partition %d taken over in epoch %d, not above %d", p, e2, epoch)
 	}
-	r := decide(t, n0.nc, "rl.v1.decide", req(desc, `"cost":1`))
-	if r.Code != "" || !r.Allowed || whole(r) != 24 {
-		t.Fatalf("after the crash: %+v, want admitted with 24 left (15 of 40 spent before)", r)
-	}
-	if r := decide(t, n0.nc, "rl.v1.decide", req(desc, `"cost":25`)); r.Allowed {
-		t.Fatalf("spending 25 of the 24 left was admitted: %+v", r)
-	}
-	if r := decide(t, n0.nc, "rl.v1.decide", req(desc, `"cost":24`)); !r.Allowed || whole(r) != 0 {
-		t.Fatalf("spending the 24 left: %+v", r)
-	}
+	spendRest(t, n0.nc, desc, "after the crash")
 	if got := storedUnits(t, n0.nc, key); got != 0 {
 		t.Fatalf("durable record after the takeover holds %d units, want 0", got)
 	}
@@ -564,15 +555,23 @@ func TestJournalClaimerKilled(t *testing.T) {
 
 	last := nodes[2-claimer]
 	waitFor(t, "the last node owns the partition", func() bool { return last.node.Owns(p) })
-	r := decide(t, last.nc, "rl.v1.decide", req(desc, `"cost":1`))
+	spendRest(t, last.nc, desc, "after both crashes")
+}
+
+// spendRest spends the rest of a slowPolicy key of which 15 of 40 units
+// were spent before a takeover: 1 is admitted with 24 left, 25 is denied,
+// the last 24 are admitted.
+func spendRest(t *testing.T, nc *nats.Conn, desc map[string]string, when string) {
+	t.Helper()
+	r := decide(t, nc, "rl.v1.decide", req(desc, `"cost":1`))
 	if r.Code != "" || !r.Allowed || whole(r) != 24 {
-		t.Fatalf("after both crashes: %+v, want admitted with 24 left (15 of 40 spent before)", r)
+		t.Fatalf("%s: %+v, want admitted with 24 left (15 of 40 spent before)", when, r)
 	}
-	if r := decide(t, last.nc, "rl.v1.decide", req(desc, `"cost":25`)); r.Allowed {
-		t.Fatalf("spending 25 of the 24 left was admitted: %+v", r)
+	if r := decide(t, nc, "rl.v1.decide", req(desc, `"cost":25`)); r.Allowed {
+		t.Fatalf("%s: spending 25 of the 24 left was admitted: %+v", when, r)
 	}
-	if r := decide(t, last.nc, "rl.v1.decide", req(desc, `"cost":24`)); !r.Allowed || whole(r) != 0 {
-		t.Fatalf("spending the 24 left: %+v", r)
+	if r := decide(t, nc, "rl.v1.decide", req(desc, `"cost":24`)); !r.Allowed || whole(r) != 0 {
+		t.Fatalf("%s: spending the 24 left: %+v", when, r)
 	}
 }
 

@@ -191,7 +191,7 @@ type owner struct {
 	// for its output.
 	limits   []kvstate.Limit
 	limitsOf *policies.Policy
-	spare  []kvstate.State
+	spare    []kvstate.State
 	// corrupt counts stored records that could not be decoded.
 	corrupt int
 }

@@ -31,8 +31,9 @@ type routed struct {
 	buf  [replyBufSize]byte
 }
 
-// replyBufSize holds any decision reply: the largest, with every number
-// at its widest and a 64-byte policy name, is under 200 bytes.
+// replyBufSize holds a usual decision reply without allocating (a reply
+// with a long policy name and every number at its widest, up to about
+// 280 bytes, grows into an allocation of its own).
 const replyBufSize = 208
 
 // handleDecide is the handler of the decide endpoint and of the shard

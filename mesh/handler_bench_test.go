@@ -1,6 +1,9 @@
 package mesh
 
 import (
+	"encoding/json"
+	"fmt"
+	"math"
 	"strconv"
 	"testing"
 	"time"
@@ -39,5 +42,45 @@ func BenchmarkHandleDecideAsync(b *testing.B) {
 	for b.Loop() {
 		n.handleDecide(&reqs[i%len(reqs)])
 		i++
+	}
+}
+
+// TestRoutedRecycled: routed values are recycled once answered; requests
+// decided concurrently on many keys, inline (async) and through the key
+// runners (strict), each get exactly their own reply.
+func TestRoutedRecycled(t *testing.T) {
+	for _, mode := range []string{"async", "strict"} {
+		t.Run(mode, func(t *testing.T) {
+			p := tbPolicy(t, "p", 4, "1/h", 1000, `,"mode":"`+mode+`"`)
+			n := offlineNode(t, kvstate.NewMemStore(), 5*time.Second, p)
+			const workers, each = 8, 200
+			errs := make(chan error, workers)
+			for w := range workers {
+				go func() {
+					body := []byte(`{"descriptor":{"tenant":"w` + strconv.Itoa(w) + `"}}`)
+					for i := range each {
+						r := &fakeRequest{data: body, out: make(chan fakeReply, 2)}
+						n.handleDecide(r)
+						rep := <-r.out
+						// 1/h refills a few millionths of a unit meanwhile.
+						var d struct{ Remaining float64 }
+						if rep.code != "" || json.Unmarshal(rep.body, &d) != nil || math.Floor(d.Remaining) != float64(999-i) {
+							errs <- fmt.Errorf("worker %d request %d: %s %s, want %d left", w, i, rep.code, rep.body, 999-i)
+							return
+						}
+						if len(r.out) != 0 {
+							errs <- fmt.Errorf("worker %d request %d: a second reply", w, i)
+							return
+						}
+					}
+					errs <- nil
+				}()
+			}
+			for range workers {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }

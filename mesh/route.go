@@ -88,11 +88,12 @@ func (n *Node) shardSubject(part int) string { return n.router.subjects[part] }
 // true for a request that was already forwarded once: it is not forwarded
 // again; the node waits for the partition to come to it, else answers 503
 // with NotOwnerHeader so the first forwarder retries. It runs in its own
-// goroutine and answers r exactly once.
-func (n *Node) forward(r micro.Request, rq *routed) {
+// goroutine and answers rq.r exactly once.
+func (n *Node) forward(rq *routed) {
+	r := rq.r
 	for {
 		if n.router.serving(rq.part) {
-			n.route(r, rq, time.Now())
+			n.route(rq, time.Now())
 			return
 		}
 		left := time.Until(rq.deadline)

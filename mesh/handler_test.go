@@ -45,9 +45,9 @@ func BenchmarkHandleDecideAsync(b *testing.B) {
 	}
 }
 
-// TestRoutedRecycled: routed values are recycled once answered; requests
-// decided concurrently on many keys, inline (async) and through the key
-// runners (strict), each get exactly their own reply.
+// TestRoutedRecycled: requests decided concurrently on many keys, inline
+// (async) and through the key runners (strict), each get exactly their own
+// reply (a routed value reused too early would answer another request).
 func TestRoutedRecycled(t *testing.T) {
 	for _, mode := range []string{"async", "strict"} {
 		t.Run(mode, func(t *testing.T) {

@@ -139,6 +139,9 @@ type journalStore struct {
 	// all wait for it).
 	readLock chan struct{}
 	reads    map[string]*journalRead
+	// consumerRead streams a long range for readRange; nil:
+	// readRangeConsumer (a test substitutes one on a lagging replica).
+	consumerRead func(ctx context.Context, subj string, seq, upto uint64, f func(seq uint64, data []byte) error) (next uint64, done bool, err error)
 
 	ckMu sync.Mutex // one checkpoint at a time (a key is written by one)
 
@@ -984,15 +987,40 @@ func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) 
 const readRangeDirect = 64
 
 // readRange calls f for each message of subject subj with a sequence in
-// [from, upto], in order. A few messages are fetched one request each
-// (leader reads); a longer range (a dead node's journal since its mark,
-// under load up to tens of thousands of messages) through an ordered
-// consumer, which streams them.
+// [from, upto], in order; upto is a message of subj (a fence, or the
+// subject's last message), so a complete read ends on it. A few messages
+// are fetched one request each (leader reads); a longer range (a dead
+// node's journal since its mark, under load up to tens of thousands of
+// messages) through an ordered consumer, which streams them. The server
+// places that consumer on any replica of the stream, and a lagging
+// follower's consumer reports nothing pending before upto (seen after a
+// network partition healed): the read then goes on with leader reads, so
+// it never ends early on stale data.
 func (j *journalStore) readRange(ctx context.Context, subj string, from, upto uint64, f func(seq uint64, data []byte) error) error {
+	seq, done, err := j.readRangeLeader(ctx, subj, from, upto, readRangeDirect, f)
+	if done || err != nil {
+		return err
+	}
+	consume := j.consumerRead
+	if consume == nil {
+		consume = j.readRangeConsumer
+	}
+	if seq, done, err = consume(ctx, subj, seq, upto, f); done || err != nil {
+		return err
+	}
+	_, _, err = j.readRangeLeader(ctx, subj, seq, upto, -1, f)
+	return err
+}
+
+// readRangeLeader reads subj's messages in [from, upto] one leader read
+// each, at most limit of them (limit < 0: no limit). It returns the next
+// sequence to read, and done once the range is read: the leader holds no
+// message of subj from there to upto.
+func (j *journalStore) readRangeLeader(ctx context.Context, subj string, from, upto uint64, limit int, f func(seq uint64, data []byte) error) (next uint64, done bool, err error) {
 	seq := from
-	for range readRangeDirect {
+	for n := 0; limit < 0 || n < limit; n++ {
 		if seq > upto {
-			return nil
+			return seq, true, nil
 		}
 		// Each read is bounded on its own: one stalled by a stream
 		// leader election fails fast, and the adoption is retried.
@@ -1000,29 +1028,33 @@ func (j *journalStore) readRange(ctx context.Context, subj string, from, upto ui
 		m, err := j.stream.GetMsg(rctx, seq, jetstream.WithGetMsgSubject(subj))
 		cancel()
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
+			return seq, true, nil
 		}
 		if err != nil {
-			return err
+			return seq, false, err
 		}
 		if m.Sequence > upto {
-			return nil
+			return seq, true, nil
 		}
 		if err := f(m.Sequence, m.Data); err != nil {
-			return err
+			return seq, false, err
 		}
 		seq = m.Sequence + 1
 	}
-	if seq > upto {
-		return nil
-	}
+	return seq, seq > upto, nil
+}
+
+// readRangeConsumer streams subj's messages from seq through an ordered
+// consumer. done is true once it delivered upto; otherwise next is the
+// first sequence it did not deliver (its replica had nothing more yet).
+func (j *journalStore) readRangeConsumer(ctx context.Context, subj string, seq, upto uint64, f func(seq uint64, data []byte) error) (next uint64, done bool, err error) {
 	cons, err := j.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{subj},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    seq,
 	})
 	if err != nil {
-		return err
+		return seq, false, err
 	}
 	wait := time.Second
 	if d, ok := ctx.Deadline(); ok {
@@ -1031,34 +1063,38 @@ func (j *journalStore) readRange(ctx context.Context, subj string, from, upto ui
 	for {
 		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(wait))
 		if err != nil {
-			return err
+			return seq, false, err
 		}
 		got := 0
 		for m := range batch.Messages() {
 			got++
 			meta, err := m.Metadata()
 			if err != nil {
-				return err
+				return seq, false, err
 			}
 			s := meta.Sequence.Stream
 			if s > upto {
-				return nil
+				return seq, true, nil
 			}
 			if err := f(s, m.Data()); err != nil {
-				return err
+				return seq, false, err
 			}
-			if s == upto || meta.NumPending == 0 {
-				return nil
+			seq = s + 1
+			if s == upto {
+				return seq, true, nil
+			}
+			if meta.NumPending == 0 {
+				return seq, false, nil // this replica has no more (yet)
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return err
+			return seq, false, err
 		}
 		if got == 0 {
-			return nil // nothing left on the subject
+			return seq, false, nil
 		}
 		if err := ctx.Err(); err != nil {
-			return err
+			return seq, false, err
 		}
 	}
 }

@@ -991,11 +991,18 @@ const readRangeDirect = 64
 // subject's last message), so a complete read ends on it. A few messages
 // are fetched one request each (leader reads); a longer range (a dead
 // node's journal since its mark, under load up to tens of thousands of
-// messages) through an ordered consumer, which streams them. The server
-// places that consumer on any replica of the stream, and a lagging
-// follower's consumer reports nothing pending before upto (seen after a
-// network partition healed): the read then goes on with leader reads, so
-// it never ends early on stale data.
+// messages) through a consumer, which streams them, and leader reads
+// again for whatever the consumer did not deliver:
+//
+//   - the server places the consumer on any replica of the stream, and a
+//     lagging follower's consumer reports nothing pending before upto
+//     (seen after a network partition healed: reading on from it would
+//     miss a hot key's latest records, an overshoot);
+//   - a consumer that cannot be made or fetched from (no stream leader, a
+//     replica cut off) ends its part of the read early rather than retry;
+//     the read as a whole is bounded by ctx. (nats.go's ordered consumer
+//     retries its creation without end and without ctx: one adoption's
+//     read held the read lock for minutes and no other could start.)
 func (j *journalStore) readRange(ctx context.Context, subj string, from, upto uint64, f func(seq uint64, data []byte) error) error {
 	seq, done, err := j.readRangeLeader(ctx, subj, from, upto, readRangeDirect, f)
 	if done || err != nil {
@@ -1005,12 +1012,24 @@ func (j *journalStore) readRange(ctx context.Context, subj string, from, upto ui
 	if consume == nil {
 		consume = j.readRangeConsumer
 	}
-	if seq, done, err = consume(ctx, subj, seq, upto, f); done || err != nil {
-		return err
+	seq, done, err = consume(ctx, subj, seq, upto, f)
+	switch {
+	case done:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil && !errors.Is(err, errConsumerRead):
+		return err // f failed
+	case err != nil:
+		j.n.log.Debug("journal read: consumer failed, reading on from the leader", "subject", subj, "error", err.Error())
 	}
 	_, _, err = j.readRangeLeader(ctx, subj, seq, upto, -1, f)
 	return err
 }
+
+// errConsumerRead wraps the failures of readRangeConsumer's consumer
+// (rather than of its f).
+var errConsumerRead = errors.New("mesh: journal consumer")
 
 // readRangeLeader reads subj's messages in [from, upto] one leader read
 // each, at most limit of them (limit < 0: no limit). It returns the next
@@ -1044,54 +1063,72 @@ func (j *journalStore) readRangeLeader(ctx context.Context, subj string, from, u
 	return seq, seq > upto, nil
 }
 
-// readRangeConsumer streams subj's messages from seq through an ordered
-// consumer. done is true once it delivered upto; otherwise next is the
-// first sequence it did not deliver (its replica had nothing more yet).
+// readRangeConsumer streams subj's messages from seq through an ephemeral
+// consumer (in memory, one replica, no acknowledgements, deleted when
+// done). done is true once it delivered upto; otherwise next is the first
+// sequence it did not deliver: its replica had nothing more yet, or the
+// consumer failed (err wraps errConsumerRead). Every call is bounded by
+// ctx.
 func (j *journalStore) readRangeConsumer(ctx context.Context, subj string, seq, upto uint64, f func(seq uint64, data []byte) error) (next uint64, done bool, err error) {
-	cons, err := j.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subj},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    seq,
+	cctx, cancel := context.WithTimeout(ctx, j.timeout)
+	cons, err := j.stream.CreateConsumer(cctx, jetstream.ConsumerConfig{
+		FilterSubject:     subj,
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       seq,
+		AckPolicy:         jetstream.AckNonePolicy,
+		MemoryStorage:     true,
+		Replicas:          1,
+		InactiveThreshold: 30 * time.Second,
 	})
+	cancel()
 	if err != nil {
-		return seq, false, err
+		return seq, false, fmt.Errorf("%w: %w", errConsumerRead, err)
 	}
-	wait := time.Second
-	if d, ok := ctx.Deadline(); ok {
-		wait = max(min(wait, time.Until(d)), time.Millisecond)
-	}
+	defer func() {
+		name := cons.CachedInfo().Name
+		go func() {
+			dctx, cancel := context.WithTimeout(context.Background(), j.timeout)
+			_ = j.stream.DeleteConsumer(dctx, name)
+			cancel()
+		}()
+	}()
 	for {
-		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(wait))
+		fctx, cancel := context.WithTimeout(ctx, min(time.Second, j.timeout))
+		batch, err := cons.Fetch(1024, jetstream.FetchContext(fctx))
 		if err != nil {
-			return seq, false, err
+			cancel()
+			return seq, false, fmt.Errorf("%w: %w", errConsumerRead, err)
 		}
 		got := 0
 		for m := range batch.Messages() {
 			got++
 			meta, err := m.Metadata()
 			if err != nil {
-				return seq, false, err
+				cancel()
+				return seq, false, fmt.Errorf("%w: %w", errConsumerRead, err)
 			}
 			s := meta.Sequence.Stream
 			if s > upto {
+				cancel()
 				return seq, true, nil
 			}
 			if err := f(s, m.Data()); err != nil {
+				cancel()
 				return seq, false, err
 			}
 			seq = s + 1
 			if s == upto {
+				cancel()
 				return seq, true, nil
 			}
-			if meta.NumPending == 0 {
-				return seq, false, nil // this replica has no more (yet)
-			}
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return seq, false, err
+		berr := batch.Error()
+		cancel()
+		if berr != nil && !errors.Is(berr, jetstream.ErrNoMessages) && !errors.Is(berr, context.DeadlineExceeded) {
+			return seq, false, fmt.Errorf("%w: %w", errConsumerRead, berr)
 		}
 		if got == 0 {
-			return seq, false, nil
+			return seq, false, nil // this replica has no more (yet)
 		}
 		if err := ctx.Err(); err != nil {
 			return seq, false, err

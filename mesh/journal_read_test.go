@@ -3,6 +3,7 @@ package mesh
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -14,6 +15,10 @@ import (
 // ("a1", "a2", ...); it returns the stream and the sequence of the last
 // j.a message.
 func journalReadStream(t *testing.T, msgs int) (jetstream.Stream, uint64) {
+	return journalReadStreamWith(t, msgs, jetstream.StreamConfig{Name: "J", Subjects: []string{"j.*"}})
+}
+
+func journalReadStreamWith(t *testing.T, msgs int, cfg jetstream.StreamConfig) (jetstream.Stream, uint64) {
 	t.Helper()
 	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
 	if err != nil {
@@ -31,7 +36,7 @@ func journalReadStream(t *testing.T, msgs int) (jetstream.Stream, uint64) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "J", Subjects: []string{"j.*"}})
+	s, err := js.CreateStream(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,5 +112,32 @@ func TestReadRangeLaggingReplica(t *testing.T) {
 			}
 			readAll(t, j, msgs, upto)
 		})
+	}
+}
+
+// TestReadRangeConsumerFails: when no consumer can be made (here the
+// stream's consumer limit is reached; in a cluster, no leader or a replica
+// cut off), readRange reads on from the leader: the read still completes
+// (before, the read failed and so did the adoption), and it never waits on
+// a consumer beyond its context (nats.go's ordered consumer, used before,
+// retries its re-creation on every Fetch without end: an adoption's read
+// held the journal read lock for minutes in TestFaultPartition).
+func TestReadRangeConsumerFails(t *testing.T) {
+	const msgs = 3 * readRangeDirect
+	s, upto := journalReadStreamWith(t, msgs, jetstream.StreamConfig{Name: "J", Subjects: []string{"j.*"}, MaxConsumers: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "taken", AckPolicy: jetstream.AckNonePolicy}); err != nil {
+		t.Fatal(err)
+	}
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		readAll(t, &journalStore{n: &Node{log: slog.New(slog.DiscardHandler)}, stream: s, timeout: 2 * time.Second}, msgs, upto)
+	}()
+	select {
+	case <-finished:
+	case <-time.After(30 * time.Second):
+		t.Fatal("readRange did not return within 30s with no consumer to be had")
 	}
 }

@@ -96,8 +96,10 @@ type journalEntry struct {
 	touched    int64 // unix ns of the last write or read
 }
 
-// journalWrite is a key write waiting for its batch.
+// journalWrite is a key write waiting for its batch, or (fence != nil) a
+// tenure marker: a fence naming this node, appended on its own.
 type journalWrite struct {
+	fence    *journalFence
 	key      string
 	val      []byte
 	part     int
@@ -439,6 +441,15 @@ func (j *journalStore) take() []*journalWrite {
 			stale = append(stale, w) // the partition changed hands meanwhile
 			continue
 		}
+		if w.fence != nil {
+			// A marker is a message of its own, between the batches
+			// queued before and after it.
+			if len(batch) == 0 {
+				batch = append(batch, w)
+				i++
+			}
+			break
+		}
 		if len(batch) > 0 && size+len(w.key)+len(w.val)+8 > journalMaxBatchBytes {
 			break
 		}
@@ -491,7 +502,14 @@ func (j *journalStore) commit(ctx context.Context, batch []*journalWrite, buf []
 			deadline = latest
 		}
 		nonce := rand.Uint64()
-		buf = appendJournalBatch(buf[:0], nonce, items)
+		if f := batch[0].fence; f != nil {
+			// No nonce: after an unknown outcome the marker is appended
+			// again, which is harmless.
+			nonce = 0
+			buf = appendJournalFence(buf[:0], *f)
+		} else {
+			buf = appendJournalBatch(buf[:0], nonce, items)
+		}
 		j.mu.Lock()
 		last := j.last
 		j.mu.Unlock()
@@ -557,6 +575,9 @@ func (j *journalStore) committed(batch []*journalWrite, seq uint64) {
 	j.mu.Lock()
 	j.last = max(j.last, seq)
 	for _, w := range batch {
+		if w.fence != nil {
+			continue
+		}
 		e := j.entries[w.key]
 		if e == nil || e.orphan {
 			e = &journalEntry{part: w.part, kvRev: w.kvRev, kvKnown: w.kvKnown}
@@ -573,7 +594,11 @@ func (j *journalStore) committed(batch []*journalWrite, seq uint64) {
 	}
 	j.mu.Unlock()
 	j.appends.Add(1)
-	j.records.Add(int64(len(batch)))
+	records := int64(len(batch))
+	if batch[0].fence != nil {
+		records = 0
+	}
+	j.records.Add(records)
 	// The callbacks run here, on the writer, before it takes the next
 	// batch: the writes they start (the calls that queued on these keys)
 	// join that batch. (Running them on a goroutine of their own while the
@@ -809,7 +834,24 @@ func readMark(ctx context.Context, kv jetstream.KeyValue, id string) (uint64, er
 // release checkpoints partition p's journalled records before this node
 // hands p over (its slot no longer serves), then forgets them; on failure
 // they stay as orphans.
+//
+// A partition with orphans (this node lost it, and took it back without
+// adopting them, or released it after the loss without taking it back)
+// is not released: the checkpoint skips orphans, so the next owner would
+// read the state bucket's older records. Its entry is left to expire, and
+// the next claimer adopts the orphans from this node's journal.
 func (j *journalStore) release(ctx context.Context, p int) error {
+	j.mu.Lock()
+	orphans := 0
+	for _, e := range j.entries {
+		if e.part == p && e.orphan {
+			orphans++
+		}
+	}
+	j.mu.Unlock()
+	if orphans > 0 {
+		return fmt.Errorf("%d records of the partition from before this node lost it are only in its journal", orphans)
+	}
 	err := j.checkpoint(ctx, p)
 	j.mu.Lock()
 	j.gen[p]++
@@ -861,9 +903,21 @@ func (j *journalStore) dropOrphans(p int) {
 // adopt prepares partition p, just claimed in epoch over an entry whose
 // adoption sources were sources (partValue.From, oldest first; none when
 // the entry was absent or released): it fences each source's journal (not
-// its own) and reads it from its mark to the fence, and appends the latest
-// record of each of p's keys (later sources win) to this node's journal,
-// so whoever takes p over from this node finds them there.
+// its own) and reads it from its mark to the fence, and appends to this
+// node's journal a tenure marker (a fence of p naming this node) and then
+// the latest record of each of p's keys (later sources win), so whoever
+// takes p over from this node finds them there.
+//
+// The marker ends what this node's journal says about p before it: a
+// reader of the journal (readJournal) drops p's records from before the
+// node's latest marker of p. Those are from an earlier tenure, which ended
+// in a release (checkpointed, and the state bucket or a later owner's
+// journal has newer records) or a loss (adopted by the next owner, or
+// adopted again just now, after the marker). Without it, a node that
+// lost p, took it back and lost it again before its mark passed its first
+// tenure's records would hand the next owner a key's record from that
+// first tenure, older than the one in the state bucket: a regression of
+// the key's state, an overshoot.
 func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64, p int) (err error) {
 	// This node's own records of p become orphans: they hold the mark
 	// (so its journal is not purged under the reads below) until the
@@ -909,29 +963,28 @@ func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64
 			}
 		}
 	}
-	if len(latest) == 0 {
-		return nil
-	}
 	var wg sync.WaitGroup
 	var failed atomic.Value
 	deadline := time.Now().Add(j.timeout)
-	writes := make([]*journalWrite, 0, len(latest))
+	done := func(_ uint64, err error) {
+		if err != nil {
+			failed.CompareAndSwap(nil, err)
+		}
+		wg.Done()
+	}
+	writes := make([]*journalWrite, 0, 1+len(latest))
+	wg.Add(1 + len(latest))
+	writes = append(writes, &journalWrite{fence: &journalFence{part: p, epoch: epoch, node: j.self},
+		part: p, gen: gen, deadline: deadline, done: done})
 	for k, val := range latest {
-		wg.Add(1)
-		writes = append(writes, &journalWrite{key: k, val: val, part: p, gen: gen, deadline: deadline,
-			done: func(_ uint64, err error) {
-				if err != nil {
-					failed.CompareAndSwap(nil, err)
-				}
-				wg.Done()
-			}})
+		writes = append(writes, &journalWrite{key: k, val: val, part: p, gen: gen, deadline: deadline, done: done})
 	}
 	j.enqueue(writes...)
 	wg.Wait()
 	if err, _ := failed.Load().(error); err != nil {
 		return fmt.Errorf("journalling the adopted records: %w", err)
 	}
-	j.n.log.Info("partition adopted", "partition", p, "from", sources, "records", len(writes))
+	j.n.log.Info("partition adopted", "partition", p, "from", sources, "records", len(latest))
 	return nil
 }
 
@@ -968,6 +1021,15 @@ func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) 
 		}
 		for _, it := range jm.items {
 			r.states[it.key] = journalState{val: it.val, seq: seq}
+		}
+		if f := jm.fence; f != nil && f.node == id {
+			// id's tenure marker of f.part (see adopt): its records of
+			// that partition before it are superseded.
+			for k := range r.states {
+				if partitionOf(k, j.n.cfg.Partitions) == f.part {
+					delete(r.states, k)
+				}
+			}
 		}
 		return nil
 	})

@@ -141,3 +141,93 @@ func TestReadRangeConsumerFails(t *testing.T) {
 		t.Fatal("readRange did not return within 30s with no consumer to be had")
 	}
 }
+
+// TestReadJournalTenureMarker: a node's tenure marker of a partition (a
+// fence naming the node itself, appended when it claims the partition)
+// drops that partition's earlier records of its journal from what an
+// adoption reads; another node's fence does not, nor does a marker of
+// another partition.
+func TestReadJournalTenureMarker(t *testing.T) {
+	const parts = 64
+	keyIn := func(p int, not string) string {
+		for i := 0; ; i++ {
+			if k := fmt.Sprintf("p.t.k=%d", i); partitionOf(k, parts) == p && k != not {
+				return k
+			}
+		}
+	}
+	k1 := keyIn(5, "")
+	k2 := keyIn(5, k1)
+	other := keyIn(9, "")
+
+	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Shutdown)
+	nc, err := e.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "J", Subjects: []string{"j.*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	appendMsg := func(data []byte) {
+		t.Helper()
+		ack, err := js.Publish(ctx, "j.me", data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ack.Sequence
+	}
+	batch := func(kv ...string) []byte {
+		var items []journalItem
+		for i := 0; i < len(kv); i += 2 {
+			items = append(items, journalItem{key: kv[i], val: []byte(kv[i+1])})
+		}
+		return appendJournalBatch(nil, 1, items)
+	}
+	read := func() map[string]string {
+		t.Helper()
+		j := &journalStore{n: &Node{cfg: NodeConfig{Partitions: parts}, log: slog.New(slog.DiscardHandler)},
+			stream: s, timeout: 5 * time.Second, self: "me", subjPre: "j.", subj: "j.me",
+			readLock: make(chan struct{}, 1), reads: make(map[string]*journalRead)}
+		states, err := j.readJournal(ctx, "me", last)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(map[string]string)
+		for k, st := range states {
+			got[k] = string(st.val)
+		}
+		return got
+	}
+	check := func(what string, want map[string]string) {
+		t.Helper()
+		got := read()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: read %v, want %v", what, got, want)
+		}
+	}
+
+	appendMsg(batch(k1, "a1", other, "o1"))
+	appendMsg(batch(k2, "b1"))
+	check("first tenure", map[string]string{k1: "a1", k2: "b1", other: "o1"})
+	appendMsg(appendJournalFence(nil, journalFence{part: 5, epoch: 7, node: "someone"}))
+	check("another node's fence", map[string]string{k1: "a1", k2: "b1", other: "o1"})
+	appendMsg(appendJournalFence(nil, journalFence{part: 9, epoch: 8, node: "me"}))
+	check("a marker of another partition", map[string]string{k1: "a1", k2: "b1"})
+	appendMsg(appendJournalFence(nil, journalFence{part: 5, epoch: 9, node: "me"}))
+	check("second tenure, nothing written yet", map[string]string{})
+	appendMsg(batch(k1, "a2"))
+	check("second tenure", map[string]string{k1: "a2"})
+}

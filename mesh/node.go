@@ -126,6 +126,7 @@ type Node struct {
 	watcher  *policyWatcher
 	store    kvstate.Store
 	keys     *keyTable
+	routed   sync.Pool     // *routed values, recycled once answered
 	router   *router       // nil in offline unit tests: every key is decided here
 	shards   *shardRunner  // nil before Start
 	journal  *journalStore // nil before Start and with NoJournal

@@ -214,6 +214,12 @@ type shardCore struct {
 	obs     []partObs
 	mine    []holding
 
+	// kept[n] is the revision of this node's entry of partition n whose
+	// release failed before deleting it (its records could not be
+	// checkpointed): the entry is left to expire, and the next claimer
+	// adopts them from this node's journal. 0: none.
+	kept []uint64
+
 	lastBeat  int64 // send instant of the last heartbeat; 0 = never
 	beating   bool
 	lostParts []int
@@ -231,6 +237,7 @@ func newShardCore(self string, parts int, lease int64) *shardCore {
 		members: make(map[string]memberObs),
 		obs:     make([]partObs, parts),
 		mine:    make([]holding, parts),
+		kept:    make([]uint64, parts),
 	}
 }
 
@@ -349,6 +356,9 @@ func (c *shardCore) tick(now int64) []shardOp {
 				// partition is another node's now: deleting the entry
 				// would lose its sources. It expires; the next claimer
 				// adopts from them (and from us).
+			case o.exists && o.node == c.self && c.kept[n] == o.rev:
+				// Our entry whose release failed: it expires, and the
+				// next claimer adopts from our journal.
 			case o.exists && o.node == c.self:
 				h.state = holdReleasing
 				ops = append(ops, shardOp{kind: opRelease, part: n, rev: o.rev, at: now})
@@ -434,18 +444,24 @@ func (c *shardCore) renewed(op shardOp, rev uint64, err error, conflict bool, no
 	}
 }
 
-// released reports the end of an opRelease: the entry is deleted, or the
-// delete failed (then the entry expires like any unrenewed one). Either
-// way this node no longer holds the partition and treats the entry as
-// gone until the watcher reports a newer revision; a claim of its own
-// then still expects revision op.rev (and fails harmlessly if the delete
-// marker landed).
-func (c *shardCore) released(op shardOp, now int64) {
+// released reports the end of an opRelease: deleted reports whether the
+// entry was deleted. Either way this node no longer holds the partition.
+// After a delete it treats the entry as gone until the watcher reports a
+// newer revision; a claim of its own then still expects revision op.rev
+// (and fails harmlessly if the delete marker landed). Otherwise (the
+// records were not checkpointed, or the delete failed) the entry is left
+// to expire: its observation stays, so a claim of this node's own adopts
+// from its journal again, and it is not released again.
+func (c *shardCore) released(op shardOp, deleted bool, now int64) {
 	h := &c.mine[op.part]
 	if h.state != holdReleasing {
 		return
 	}
 	*h = holding{}
+	if !deleted {
+		c.kept[op.part] = op.rev
+		return
+	}
 	if o := c.obs[op.part]; o.rev <= op.rev {
 		c.obs[op.part] = partObs{rev: op.rev, seen: now}
 	}

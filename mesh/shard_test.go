@@ -148,7 +148,7 @@ func (s *sim) exec(id string, c *shardCore, op shardOp) {
 		if err == nil {
 			_, err = s.kv.cas(key, partValue{}, op.rev, true)
 		}
-		c.released(op, s.now)
+		c.released(op, err == nil, s.now)
 	}
 	if err == nil {
 		s.broadcast(key)
@@ -666,5 +666,58 @@ func TestShardClaimCarriesSources(t *testing.T) {
 		if len(got) != 1 || got[0].kind != opClaim || got[0].rev != w.rev || !reflect.DeepEqual(got[0].sources, w.sources) {
 			t.Fatalf("partition %d: ops %+v, want a claim at rev %d from %q", p, got, w.rev, w.sources)
 		}
+	}
+}
+
+// TestShardFailedReleaseExpires: a release that fails before its delete
+// (the partition's records could not be checkpointed, e.g. orphans of a
+// lost tenure) leaves the entry to expire: the node does not release it
+// again, nor forget it; the target claims it after the lease, adopting
+// from the node; and should the node become the target again, it claims
+// it back adopting from its own journal.
+func TestShardFailedReleaseExpires(t *testing.T) {
+	const parts, lease = 16, 3000
+	toB := partsTargeting([]string{"a", "b"}, "b", parts)
+	if len(toB) == 0 {
+		t.Fatal("no partition targets b")
+	}
+	p := toB[0]
+	a := newShardCore("a", parts, lease)
+	b := newShardCore("b", parts, lease)
+	now := int64(1)
+	for _, c := range []*shardCore{a, b} {
+		c.observeNode("a", 1, false, now)
+		c.observeNode("b", 2, false, now)
+		c.observePart(p, partValue{Node: "a", Epoch: 5}, 11, false, now)
+	}
+	got := opsOf(a.tick(now), p)
+	if len(got) != 1 || got[0].kind != opRelease || got[0].rev != 11 {
+		t.Fatalf("a's entry of partition %d targeting b: ops %+v, want one release at rev 11", p, got)
+	}
+	a.released(got[0], false, now)
+	for _, dt := range []int64{1, lease / 3, lease, 2 * lease} {
+		a.observeNode("b", uint64(2+dt), false, now+dt)
+		if got := opsOf(a.tick(now+dt), p); len(got) != 0 {
+			t.Fatalf("at +%d after the failed release: ops %+v, want none", dt, got)
+		}
+	}
+	if got := opsOf(b.tick(now+lease-1), p); len(got) != 0 {
+		t.Fatalf("b before the lease: %+v", got)
+	}
+	got = opsOf(b.tick(now+lease), p)
+	if len(got) != 1 || got[0].kind != opClaim || got[0].rev != 11 || !reflect.DeepEqual(got[0].sources, []string{"a"}) {
+		t.Fatalf("b after the lease: ops %+v, want a claim at rev 11 from [a]", got)
+	}
+	// b is gone: a is the target again and claims its own entry back,
+	// adopting from its own journal.
+	a = newShardCore("a", parts, lease)
+	a.observeNode("a", 1, false, now)
+	a.observePart(p, partValue{Node: "a", Epoch: 5}, 11, false, now)
+	rel := shardOp{kind: opRelease, part: p, rev: 11}
+	a.mine[p].state = holdReleasing
+	a.released(rel, false, now)
+	got = opsOf(a.tick(now+1), p)
+	if len(got) != 1 || got[0].kind != opClaim || got[0].rev != 11 || !reflect.DeepEqual(got[0].sources, []string{"a"}) {
+		t.Fatalf("a as the target after its failed release: ops %+v, want a claim at rev 11 from [a]", got)
 	}
 }

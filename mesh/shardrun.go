@@ -194,7 +194,7 @@ func (s *shardRunner) apply(r shardResult) {
 			s.log.Warn("partition renewal failed", "partition", r.op.part, "error", r.err.Error())
 		}
 	case opRelease:
-		s.core.released(r.op, now)
+		s.core.released(r.op, r.err == nil, now)
 	case opHeartbeat:
 		s.core.beat(r.op, r.err)
 		if r.err != nil {

@@ -20,20 +20,7 @@ func journalReadStream(t *testing.T, msgs int) (jetstream.Stream, uint64) {
 
 func journalReadStreamWith(t *testing.T, msgs int, cfg jetstream.StreamConfig) (jetstream.Stream, uint64) {
 	t.Helper()
-	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Shutdown)
-	nc, err := e.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := embeddedJS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := js.CreateStream(ctx, cfg)
@@ -160,20 +147,7 @@ func TestReadJournalTenureMarker(t *testing.T) {
 	k2 := keyIn(5, k1)
 	other := keyIn(9, "")
 
-	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Shutdown)
-	nc, err := e.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := embeddedJS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "J", Subjects: []string{"j.*"}})

@@ -12,9 +12,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// jsStateStore starts an embedded server (stopped at cleanup) with a
-// "rl_state" bucket and returns it with the JetStream store on it.
-func jsStateStore(t *testing.T) (jetstream.JetStream, jetstream.KeyValue, *kvstate.JetStreamStore) {
+// embeddedJS starts an embedded server (stopped at cleanup) and returns
+// JetStream on a connection to it.
+func embeddedJS(t *testing.T) jetstream.JetStream {
 	t.Helper()
 	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
 	if err != nil {
@@ -30,6 +30,14 @@ func jsStateStore(t *testing.T) (jetstream.JetStream, jetstream.KeyValue, *kvsta
 	if err != nil {
 		t.Fatal(err)
 	}
+	return js
+}
+
+// jsStateStore starts an embedded server (stopped at cleanup) with a
+// "rl_state" bucket and returns it with the JetStream store on it.
+func jsStateStore(t *testing.T) (jetstream.JetStream, jetstream.KeyValue, *kvstate.JetStreamStore) {
+	t.Helper()
+	js := embeddedJS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "rl_state"})

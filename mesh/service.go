@@ -17,8 +17,8 @@ import (
 // (Node.routed): at about 550 bytes, one per decision, routed values were
 // the largest part of the node's garbage. (The pool was withdrawn once for
 // a lost-accounting failure of TestFaultPartition; that failure came
-// without the pool too: an adoption read a lagging replica's journal, see
-// readRange.)
+// without the pool too: state regressions in failover, in the journal's
+// reads and releases, see journal.go.)
 type routed struct {
 	n        *Node
 	r        micro.Request

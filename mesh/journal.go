@@ -835,11 +835,11 @@ func readMark(ctx context.Context, kv jetstream.KeyValue, id string) (uint64, er
 // hands p over (its slot no longer serves), then forgets them; on failure
 // they stay as orphans.
 //
-// A partition with orphans (this node lost it, and took it back without
-// adopting them, or released it after the loss without taking it back)
-// is not released: the checkpoint skips orphans, so the next owner would
-// read the state bucket's older records. Its entry is left to expire, and
-// the next claimer adopts the orphans from this node's journal.
+// A partition with orphans (records of a tenure this node lost, not yet
+// seen adopted by another node) is not released: the checkpoint skips
+// orphans, so the next owner would read the state bucket's older records.
+// Its entry is left to expire, and the next claimer adopts the orphans
+// from this node's journal.
 func (j *journalStore) release(ctx context.Context, p int) error {
 	j.mu.Lock()
 	orphans := 0
@@ -1155,39 +1155,9 @@ func (j *journalStore) readRangeConsumer(ctx context.Context, subj string, seq, 
 		}()
 	}()
 	for {
-		fctx, cancel := context.WithTimeout(ctx, min(time.Second, j.timeout))
-		batch, err := cons.Fetch(1024, jetstream.FetchContext(fctx))
-		if err != nil {
-			cancel()
-			return seq, false, fmt.Errorf("%w: %w", errConsumerRead, err)
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			meta, err := m.Metadata()
-			if err != nil {
-				cancel()
-				return seq, false, fmt.Errorf("%w: %w", errConsumerRead, err)
-			}
-			s := meta.Sequence.Stream
-			if s > upto {
-				cancel()
-				return seq, true, nil
-			}
-			if err := f(s, m.Data()); err != nil {
-				cancel()
-				return seq, false, err
-			}
-			seq = s + 1
-			if s == upto {
-				cancel()
-				return seq, true, nil
-			}
-		}
-		berr := batch.Error()
-		cancel()
-		if berr != nil && !errors.Is(berr, jetstream.ErrNoMessages) && !errors.Is(berr, context.DeadlineExceeded) {
-			return seq, false, fmt.Errorf("%w: %w", errConsumerRead, berr)
+		got, done, err := j.fetchRange(ctx, cons, &seq, upto, f)
+		if done || err != nil {
+			return seq, done, err
 		}
 		if got == 0 {
 			return seq, false, nil // this replica has no more (yet)
@@ -1196,6 +1166,40 @@ func (j *journalStore) readRangeConsumer(ctx context.Context, subj string, seq, 
 			return seq, false, err
 		}
 	}
+}
+
+// fetchRange is one fetch of readRangeConsumer (at most a second): it
+// calls f for the messages it gets, up to upto, advancing *seq past each,
+// and reports how many it got and whether upto was reached.
+func (j *journalStore) fetchRange(ctx context.Context, cons jetstream.Consumer, seq *uint64, upto uint64, f func(seq uint64, data []byte) error) (got int, done bool, err error) {
+	fctx, cancel := context.WithTimeout(ctx, min(time.Second, j.timeout))
+	defer cancel()
+	batch, err := cons.Fetch(1024, jetstream.FetchContext(fctx))
+	if err != nil {
+		return 0, false, fmt.Errorf("%w: %w", errConsumerRead, err)
+	}
+	for m := range batch.Messages() {
+		got++
+		meta, err := m.Metadata()
+		if err != nil {
+			return got, false, fmt.Errorf("%w: %w", errConsumerRead, err)
+		}
+		s := meta.Sequence.Stream
+		if s > upto {
+			return got, true, nil
+		}
+		if err := f(s, m.Data()); err != nil {
+			return got, false, err
+		}
+		*seq = s + 1
+		if s == upto {
+			return got, true, nil
+		}
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
+		return got, false, fmt.Errorf("%w: %w", errConsumerRead, err)
+	}
+	return got, false, nil
 }
 
 // expireReads forgets cached journal reads older than two leases.

@@ -589,12 +589,8 @@ func TestShardUnfinishedClaimNotReleased(t *testing.T) {
 		t.Fatalf("partitions targeting b: %v", toB)
 	}
 	withFrom, plain := toB[0], toB[1]
-	a := newShardCore("a", parts, lease)
-	b := newShardCore("b", parts, lease)
-	now := int64(1)
+	a, b, now := twoLiveCores(parts, lease)
 	for _, c := range []*shardCore{a, b} {
-		c.observeNode("a", 1, false, now)
-		c.observeNode("b", 2, false, now)
 		c.observePart(withFrom, partValue{Node: "a", From: []string{"c"}}, 10, false, now)
 		c.observePart(plain, partValue{Node: "a"}, 11, false, now)
 	}
@@ -682,12 +678,8 @@ func TestShardFailedReleaseExpires(t *testing.T) {
 		t.Fatal("no partition targets b")
 	}
 	p := toB[0]
-	a := newShardCore("a", parts, lease)
-	b := newShardCore("b", parts, lease)
-	now := int64(1)
+	a, b, now := twoLiveCores(parts, lease)
 	for _, c := range []*shardCore{a, b} {
-		c.observeNode("a", 1, false, now)
-		c.observeNode("b", 2, false, now)
 		c.observePart(p, partValue{Node: "a", Epoch: 5}, 11, false, now)
 	}
 	got := opsOf(a.tick(now), p)
@@ -720,4 +712,15 @@ func TestShardFailedReleaseExpires(t *testing.T) {
 	if len(got) != 1 || got[0].kind != opClaim || got[0].rev != 11 || !reflect.DeepEqual(got[0].sources, []string{"a"}) {
 		t.Fatalf("a as the target after its failed release: ops %+v, want a claim at rev 11 from [a]", got)
 	}
+}
+
+// twoLiveCores returns the cores of nodes a and b, each having seen both
+// heartbeats at now.
+func twoLiveCores(parts int, lease int64) (a, b *shardCore, now int64) {
+	a, b, now = newShardCore("a", parts, lease), newShardCore("b", parts, lease), 1
+	for _, c := range []*shardCore{a, b} {
+		c.observeNode("a", 1, false, now)
+		c.observeNode("b", 2, false, now)
+	}
+	return a, b, now
 }

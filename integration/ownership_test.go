@@ -380,6 +380,52 @@ func TestDeposedOwnerFenced(t *testing.T) {
 	}
 }
 
+// TestClaimBackOwnEntry: an owner whose renewal landed but was reported
+// as a conflict (seen right after a network partition healed: a stream
+// leader cut off from the others, not yet aware it was replaced, answered
+// first) drops its partition, then claims it back over the entry naming
+// itself and adopts the partition's records from its own journal, read up
+// to a barrier it appends (not up to the journal's end as a read reports
+// it, which that stale leader answered too). Nothing spent before is
+// forgotten.
+func TestClaimBackOwnEntry(t *testing.T) {
+	e := server(t, t.TempDir())
+	n := meshNodes(t, []*mesh.Embedded{e}, 1)[0]
+	desc := map[string]string{"tenant": "back"}
+	p := n.node.PartitionOf(slowKey("back"))
+	if r := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":10`)); !r.Allowed {
+		t.Fatalf("first spend: %+v", r)
+	}
+	epoch := n.node.Epoch(p)
+	js, _ := jetstream.New(n.nc)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	shards, err := js.KeyValue(ctx, "rl_shards")
+	if err != nil {
+		t.Fatal(err)
+	}
+	partKey := "part." + strconv.Itoa(p)
+	own := fmt.Appendf(nil, `{"node":%q,"epoch":%d}`, n.node.ID(), epoch)
+	waitFor(t, "the owner's renewal written again", func() bool {
+		cur, err := shards.Get(ctx, partKey)
+		if err != nil {
+			return false
+		}
+		_, err = shards.Update(ctx, partKey, own, cur.Revision())
+		return err == nil
+	})
+	waitFor(t, "partition claimed back", func() bool { return n.node.Owns(p) && n.node.Epoch(p) > epoch })
+	if v := metricValue(t, n, `limitmesh_ownership_changes_total{change="lost"}`); v != 1 {
+		t.Fatalf("lost changes = %v, want 1", v)
+	}
+	if got := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":30`)); !got.Allowed || got.Remaining >= 1 {
+		t.Fatalf("after the claim-back: %+v, want 30 of the 30 left admitted", got)
+	}
+	if got := decide(t, n.nc, "rl.v1.decide", req(desc, "")); got.Allowed {
+		t.Fatalf("after the claim-back: %+v admitted beyond the 40 units", got)
+	}
+}
+
 // TestPartitionCountMismatch: a node with another partition count than
 // the one recorded in the shards bucket does not start.
 func TestPartitionCountMismatch(t *testing.T) {

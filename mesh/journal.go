@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -97,9 +98,12 @@ type journalEntry struct {
 }
 
 // journalWrite is a key write waiting for its batch, or (fence != nil) a
-// tenure marker: a fence naming this node, appended on its own.
+// tenure marker: a fence naming this node, appended on its own, or
+// (barrier) an empty batch appended on its own, whose sequence bounds
+// everything this node appended before it (adopt).
 type journalWrite struct {
 	fence    *journalFence
+	barrier  bool
 	key      string
 	val      []byte
 	part     int
@@ -441,9 +445,9 @@ func (j *journalStore) take() []*journalWrite {
 			stale = append(stale, w) // the partition changed hands meanwhile
 			continue
 		}
-		if w.fence != nil {
-			// A marker is a message of its own, between the batches
-			// queued before and after it.
+		if w.fence != nil || w.barrier {
+			// A marker or barrier is a message of its own, between the
+			// batches queued before and after it.
 			if len(batch) == 0 {
 				batch = append(batch, w)
 				i++
@@ -495,7 +499,9 @@ func (j *journalStore) commit(ctx context.Context, batch []*journalWrite, buf []
 		latest := batch[0].deadline
 		items = items[:0]
 		for _, w := range batch {
-			items = append(items, journalItem{key: w.key, val: w.val})
+			if w.fence == nil && !w.barrier {
+				items = append(items, journalItem{key: w.key, val: w.val})
+			}
 			latest = later(latest, w.deadline)
 		}
 		if latest.Before(deadline) {
@@ -574,10 +580,12 @@ func (j *journalStore) committed(batch []*journalWrite, seq uint64) {
 	now := time.Now().UnixNano()
 	j.mu.Lock()
 	j.last = max(j.last, seq)
+	records := int64(0)
 	for _, w := range batch {
-		if w.fence != nil {
+		if w.fence != nil || w.barrier {
 			continue
 		}
+		records++
 		e := j.entries[w.key]
 		if e == nil || e.orphan {
 			e = &journalEntry{part: w.part, kvRev: w.kvRev, kvKnown: w.kvKnown}
@@ -594,10 +602,6 @@ func (j *journalStore) committed(batch []*journalWrite, seq uint64) {
 	}
 	j.mu.Unlock()
 	j.appends.Add(1)
-	records := int64(len(batch))
-	if batch[0].fence != nil {
-		records = 0
-	}
 	j.records.Add(records)
 	// The callbacks run here, on the writer, before it takes the next
 	// batch: the writes they start (the calls that queued on these keys)
@@ -902,22 +906,27 @@ func (j *journalStore) dropOrphans(p int) {
 
 // adopt prepares partition p, just claimed in epoch over an entry whose
 // adoption sources were sources (partValue.From, oldest first; none when
-// the entry was absent or released): it fences each source's journal (not
-// its own) and reads it from its mark to the fence, and appends to this
-// node's journal a tenure marker (a fence of p naming this node) and then
-// the latest record of each of p's keys (later sources win), so whoever
-// takes p over from this node finds them there.
+// the entry was absent or released): it fences each source's journal (its
+// own: appends a barrier) and reads it from its mark to the fence, and
+// appends to this node's journal a tenure marker (a fence of p naming this
+// node) and then the latest record of each of p's keys (later sources
+// win), so whoever takes p over from this node finds them there.
 //
 // The marker ends what this node's journal says about p before it: a
 // reader of the journal (readJournal) drops p's records from before the
 // node's latest marker of p. Those are from an earlier tenure, which ended
 // in a release (checkpointed, and the state bucket or a later owner's
-// journal has newer records) or a loss (adopted by the next owner, or
-// adopted again just now, after the marker). Without it, a node that
-// lost p, took it back and lost it again before its mark passed its first
-// tenure's records would hand the next owner a key's record from that
-// first tenure, older than the one in the state bucket: a regression of
-// the key's state, an overshoot.
+// journal has newer records) or a loss (adopted by the next owner).
+// Without it, a node that lost p, took it back and lost it again before
+// its mark passed its first tenure's records would hand the next owner a
+// key's record from that first tenure, older than the one in the state
+// bucket: a regression of the key's state, an overshoot.
+//
+// A node that is one of the sources (it takes back a partition it lost
+// before anyone finished adopting it) appends no marker: its records of p
+// since its last marker are what it adopts, and a marker that landed
+// without the adopted records after it (a failed append) would hide them
+// from the next claimer.
 func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64, p int) (err error) {
 	// This node's own records of p become orphans: they hold the mark
 	// (so its journal is not purged under the reads below) until the
@@ -940,9 +949,18 @@ func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64
 	for _, src := range sources {
 		var upto uint64
 		if src == j.self {
+			// Not the subject's last sequence as a read reports it: a
+			// stream leader cut off from the others answers reads until
+			// it learns it was replaced, with the messages it had (seen
+			// right after a partition healed: a node taking back a
+			// partition it had just lost read its journal only up to
+			// before the cut and forgot a hot key's latest record). The
+			// barrier's sequence comes from the current leader, and every
+			// batch of p this node committed, one in flight when p changed
+			// hands included, is below it.
 			var err error
-			if upto, err = j.lastSeq(ctx); err != nil {
-				return err
+			if upto, err = j.barrier(ctx, p, gen); err != nil {
+				return fmt.Errorf("appending a barrier to this node's journal: %w", err)
 			}
 		} else {
 			msg := &nats.Msg{Subject: j.subjPre + src,
@@ -973,12 +991,14 @@ func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64
 		wg.Done()
 	}
 	writes := make([]*journalWrite, 0, 1+len(latest))
-	wg.Add(1 + len(latest))
-	writes = append(writes, &journalWrite{fence: &journalFence{part: p, epoch: epoch, node: j.self},
-		part: p, gen: gen, deadline: deadline, done: done})
+	if !slices.Contains(sources, j.self) {
+		writes = append(writes, &journalWrite{fence: &journalFence{part: p, epoch: epoch, node: j.self},
+			part: p, gen: gen, deadline: deadline, done: done})
+	}
 	for k, val := range latest {
 		writes = append(writes, &journalWrite{key: k, val: val, part: p, gen: gen, deadline: deadline, done: done})
 	}
+	wg.Add(len(writes))
 	j.enqueue(writes...)
 	wg.Wait()
 	if err, _ := failed.Load().(error); err != nil {
@@ -988,9 +1008,31 @@ func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64
 	return nil
 }
 
+// barrier appends an empty batch to this node's journal through the
+// writer (after every write queued before it) and returns its sequence;
+// it fails if partition p's generation is no longer gen.
+func (j *journalStore) barrier(ctx context.Context, p int, gen uint64) (uint64, error) {
+	type res struct {
+		seq uint64
+		err error
+	}
+	ch := make(chan res, 1)
+	j.enqueue(&journalWrite{barrier: true, part: p, gen: gen, deadline: time.Now().Add(timeoutOf(ctx, j.timeout)),
+		done: func(rev uint64, err error) { ch <- res{rev & revSeqMask, err} }})
+	select {
+	case r := <-ch:
+		return r.seq, r.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
 // readJournal returns the latest record of every key in node id's journal
 // from its mark up to sequence upto, reading on from an earlier read of the
-// same journal when there is one.
+// same journal when there is one. upto is a message of id's journal (a
+// fence or barrier just appended): a read that does not get it was
+// answered by a replica that lags, and fails, unless id's mark passed upto
+// meanwhile (the messages up to it were checkpointed and purged).
 func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) (map[string]journalState, error) {
 	select {
 	case j.readLock <- struct{}{}:
@@ -1033,6 +1075,20 @@ func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) 
 		}
 		return nil
 	})
+	if errors.Is(err, errReadIncomplete) {
+		var mark uint64
+		var merr error
+		if id == j.self {
+			j.mu.Lock()
+			mark = j.mark
+			j.mu.Unlock()
+		} else {
+			mark, merr = readMark(ctx, j.kv, id)
+		}
+		if merr == nil && mark >= upto {
+			err = nil
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reading the journal of %s: %w", id, err)
 	}
@@ -1093,10 +1149,16 @@ func (j *journalStore) readRange(ctx context.Context, subj string, from, upto ui
 // (rather than of its f).
 var errConsumerRead = errors.New("mesh: journal consumer")
 
+// errReadIncomplete is the error of a read that ended before upto: the
+// replica that answered does not have it (or it was purged).
+var errReadIncomplete = errors.New("mesh: journal read ended before its last message")
+
 // readRangeLeader reads subj's messages in [from, upto] one leader read
 // each, at most limit of them (limit < 0: no limit). It returns the next
-// sequence to read, and done once the range is read: the leader holds no
-// message of subj from there to upto.
+// sequence to read, and done once it read upto; a read that finds no
+// message of subj from there to upto fails with errReadIncomplete (a
+// stream leader cut off from the others answers until it learns it was
+// replaced, with what it had then).
 func (j *journalStore) readRangeLeader(ctx context.Context, subj string, from, upto uint64, limit int, f func(seq uint64, data []byte) error) (next uint64, done bool, err error) {
 	seq := from
 	for n := 0; limit < 0 || n < limit; n++ {
@@ -1108,14 +1170,11 @@ func (j *journalStore) readRangeLeader(ctx context.Context, subj string, from, u
 		rctx, cancel := context.WithTimeout(ctx, j.timeout)
 		m, err := j.stream.GetMsg(rctx, seq, jetstream.WithGetMsgSubject(subj))
 		cancel()
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return seq, true, nil
+		if errors.Is(err, jetstream.ErrMsgNotFound) || err == nil && m.Sequence > upto {
+			return seq, false, fmt.Errorf("%w: %s has no message from %d to %d", errReadIncomplete, subj, seq, upto)
 		}
 		if err != nil {
 			return seq, false, err
-		}
-		if m.Sequence > upto {
-			return seq, true, nil
 		}
 		if err := f(m.Sequence, m.Data); err != nil {
 			return seq, false, err
@@ -1186,7 +1245,7 @@ func (j *journalStore) fetchRange(ctx context.Context, cons jetstream.Consumer, 
 		}
 		s := meta.Sequence.Stream
 		if s > upto {
-			return got, true, nil
+			return got, false, fmt.Errorf("%w: the consumer passed %d at %d", errReadIncomplete, upto, s)
 		}
 		if err := f(s, m.Data()); err != nil {
 			return got, false, err

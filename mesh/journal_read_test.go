@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"testing"
@@ -99,6 +100,38 @@ func TestReadRangeLaggingReplica(t *testing.T) {
 			}
 			readAll(t, j, msgs, upto)
 		})
+	}
+}
+
+// TestReadRangeStaleLeader: a stream leader cut off from the others keeps
+// answering reads, after the partition heals too, until it learns it was
+// replaced, with the messages it had then. A read of a range whose end
+// (a fence or barrier just appended through the current leader) such a
+// replica lacks fails rather than end early: before, it ended "done" and
+// an adoption forgot a hot key's latest records. Here the stream stands in
+// for the stale leader: it lacks the last messages up to upto.
+func TestReadRangeStaleLeader(t *testing.T) {
+	for _, msgs := range []int{0, 5, 3 * readRangeDirect} {
+		for _, missing := range []uint64{1, 40} {
+			t.Run(fmt.Sprintf("%d messages, %d missing", msgs, missing), func(t *testing.T) {
+				s, last := journalReadStream(t, msgs)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				j := &journalStore{n: &Node{log: slog.New(slog.DiscardHandler)}, stream: s, timeout: 2 * time.Second}
+				read := 0
+				err := j.readRange(ctx, "j.a", 1, last+missing, func(uint64, []byte) error {
+					read++
+					return nil
+				})
+				if !errors.Is(err, errReadIncomplete) {
+					t.Fatalf("readRange to %d on a stream ending at %d: %v after %d messages, want errReadIncomplete",
+						last+missing, last, err, read)
+				}
+				if read != msgs {
+					t.Fatalf("read %d messages before failing, want the %d there", read, msgs)
+				}
+			})
+		}
 	}
 }
 

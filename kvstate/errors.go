@@ -20,3 +20,9 @@ var ErrNotFound = errors.New("kvstate: state not found")
 // ErrInvalidLimit is returned, wrapped with the offending field, by
 // [Limit.Validate] for limit parameters no algorithm can enforce.
 var ErrInvalidLimit = errors.New("kvstate: invalid limit")
+
+// ErrStale is returned by [JetStreamStore.GetAsyncFloor] when the replica
+// that answered does not hold the stream up to the read's floor (a
+// follower catching up, or a stream leader cut off from its cluster that
+// has not yet learnt it was replaced). Reading again later may succeed.
+var ErrStale = errors.New("kvstate: replica behind the read's floor")

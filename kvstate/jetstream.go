@@ -32,6 +32,7 @@ type JetStreamStore struct {
 	kv     jetstream.KeyValue
 	bucket string
 	getSub string // $JS.API.STREAM.MSG.GET.KV_<bucket>
+	dirSub string // $JS.API.DIRECT.GET.KV_<bucket>
 	keyPre string // $KV.<bucket>.
 	stream string // KV_<bucket>
 
@@ -50,6 +51,7 @@ func NewJetStreamStore(ctx context.Context, js jetstream.JetStream, bucket strin
 		kv:     kv,
 		bucket: bucket,
 		getSub: "$JS.API.STREAM.MSG.GET.KV_" + bucket,
+		dirSub: "$JS.API.DIRECT.GET.KV_" + bucket,
 		keyPre: "$KV." + bucket + ".",
 		stream: "KV_" + bucket,
 	}, nil
@@ -182,6 +184,19 @@ type pendingOp struct {
 	stream   string                      // a publish's stream (PublishAsync); "": the bucket's
 	onGet    func([]byte, uint64, error) // a read
 	onUpdate func(uint64, error)         // a write
+	floor    *floorRead                  // a read with a freshness floor (GetAsyncFloor)
+}
+
+// floorRead is the state of a GetAsyncFloor read: its answer is several
+// messages (the last message of each subject asked for, then an
+// end-of-batch), gathered by the inbox handler.
+type floorRead struct {
+	subj  string // the key's subject
+	floor uint64
+	val   []byte
+	rev   uint64
+	found bool // the key's message came (rev: its sequence)
+	gone  bool // ... and it is a delete, purge or TTL marker
 }
 
 type deadlineEntry struct {
@@ -299,6 +314,9 @@ func (s *JetStreamStore) answer(m *nats.Msg) {
 	if err != nil {
 		return
 	}
+	if s.answerFloor(id, m) {
+		return
+	}
 	op := s.pipe.take(id)
 	if op == nil {
 		return // answered after its timeout
@@ -412,6 +430,93 @@ func (s *JetStreamStore) GetAsync(key string, timeout time.Duration, done func([
 	if err != nil {
 		go done(nil, 0, fmt.Errorf("kvstate: get %q: %w", key, err))
 	}
+}
+
+// GetAsyncFloor reads key like GetAsync, from a replica of the bucket's
+// stream known to hold every message up to sequence floor; otherwise done
+// gets an error wrapping ErrStale. A leader read cannot promise that: a
+// stream leader cut off from its cluster keeps answering, with what it had
+// when it was cut off, until it learns it was replaced (right after a
+// network partition heals both it and the new leader answer, and the first
+// answer wins). floorKey must be a key written at sequence floor or later
+// (the caller's own write, whose acknowledgement gave floor).
+//
+// It is one direct get of the last messages of key and floorKey (the
+// bucket must allow direct gets): any replica may answer it, and its
+// end-of-batch message reports the replica's last sequence, which is
+// checked against floor. floorKey makes the batch never empty on a
+// replica that is current (an empty batch reports no sequence).
+func (s *JetStreamStore) GetAsyncFloor(key, floorKey string, floor uint64, timeout time.Duration, done func([]byte, uint64, error)) {
+	op := &pendingOp{key: key, onGet: done, floor: &floorRead{subj: s.keyPre + key, floor: floor}}
+	req, err := json.Marshal(struct {
+		Multi []string `json:"multi_last"`
+	}{[]string{s.keyPre + key, s.keyPre + floorKey}})
+	if err == nil {
+		var reply string
+		if reply, err = s.register(op, timeout); err == nil {
+			if err = s.nc.PublishRequest(s.dirSub, reply, req); err != nil {
+				if s.pipe.take(s.parseID(reply)) == nil {
+					return
+				}
+			}
+		}
+	}
+	if err != nil {
+		go done(nil, 0, fmt.Errorf("kvstate: get %q: %w", key, err))
+	}
+}
+
+// answerFloor handles message m answering operation id if that is a
+// GetAsyncFloor read (then it reports true): it gathers the key's message
+// and completes the read on the end-of-batch or an error status.
+func (s *JetStreamStore) answerFloor(id uint64, m *nats.Msg) bool {
+	p := &s.pipe
+	p.mu.Lock()
+	op := p.ops[id]
+	p.mu.Unlock()
+	if op == nil || op.floor == nil {
+		return false
+	}
+	f := op.floor
+	status := m.Header.Get("Status")
+	if status == "" {
+		if m.Header.Get(jetstream.SubjectHeader) == f.subj {
+			f.rev, _ = strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+			f.val, f.found = m.Data, true
+			kvOp := m.Header.Get("KV-Operation")
+			f.gone = kvOp == "DEL" || kvOp == "PURGE" || m.Header.Get("Nats-Marker-Reason") != ""
+		}
+		return true
+	}
+	if p.take(id) == nil {
+		return true // timed out meanwhile
+	}
+	fail := func(err error) { op.onGet(nil, 0, fmt.Errorf("kvstate: get %q: %w", op.key, err)) }
+	switch status {
+	case "204": // end of batch
+		upto, err := strconv.ParseUint(m.Header.Get("Nats-UpTo-Sequence"), 10, 64)
+		switch {
+		case err != nil:
+			fail(fmt.Errorf("end of batch without the replica's sequence"))
+		case upto < f.floor:
+			fail(fmt.Errorf("replica at sequence %d, floor %d: %w", upto, f.floor, ErrStale))
+		case !f.found:
+			op.onGet(nil, 0, ErrNotFound)
+		case f.rev == 0:
+			fail(fmt.Errorf("direct get answer without its sequence"))
+		case f.gone:
+			op.onGet(nil, f.rev, ErrNotFound)
+		default:
+			op.onGet(f.val, f.rev, nil)
+		}
+	case "404": // no message of either key: the replica lacks the floor key
+		fail(fmt.Errorf("replica without the floor key: %w", ErrStale))
+	case "503":
+		fail(nats.ErrNoResponders)
+	default:
+		fail(fmt.Errorf("direct get status %s %s", status, m.Header.Get("Description")))
+	}
+	return true
 }
 
 // UpdateAsync implements [AsyncStore], like Update (expected revision 0:

@@ -185,6 +185,78 @@ func TestJetStreamStoreAsync(t *testing.T) {
 	}
 }
 
+// TestJetStreamStoreFloorRead: GetAsyncFloor reads what GetAsync reads
+// (a value with its revision; a missing key; a delete marker with its
+// revision) from a replica that holds the stream up to the floor, and
+// fails with ErrStale when the replica answering is behind the floor.
+// One server stands in for both: a floor above its last sequence is what
+// a stale replica (a cut-off stream leader after a partition heals) looks
+// like to the reader.
+func TestJetStreamStoreFloorRead(t *testing.T) {
+	js, kv := jsBucket(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := NewJetStreamStore(ctx, js, "st")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := kv.Put(ctx, "k", []byte("v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "gone", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	floor, err := kv.Put(ctx, "_floor", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		val []byte
+		rev uint64
+		err error
+	}
+	read := func(key string, floor uint64) res {
+		t.Helper()
+		ch := make(chan res, 1)
+		s.GetAsyncFloor(key, "_floor", floor, 5*time.Second, func(v []byte, r uint64, err error) { ch <- res{v, r, err} })
+		select {
+		case r := <-ch:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatalf("GetAsyncFloor(%q) never answered", key)
+			return res{}
+		}
+	}
+	if r := read("k", floor); r.err != nil || string(r.val) != "v1" || r.rev != rev {
+		t.Fatalf("floor read of k: %q rev %d err %v, want v1 rev %d", r.val, r.rev, r.err, rev)
+	}
+	if r := read("never", floor); !errors.Is(r.err, ErrNotFound) || r.rev != 0 {
+		t.Fatalf("floor read of a missing key: rev %d err %v, want ErrNotFound rev 0", r.rev, r.err)
+	}
+	if r := read("gone", floor); !errors.Is(r.err, ErrNotFound) || r.rev == 0 || r.rev >= floor {
+		t.Fatalf("floor read of a deleted key: rev %d err %v, want ErrNotFound with the marker's revision", r.rev, r.err)
+	}
+	for _, key := range []string{"k", "never"} {
+		if r := read(key, floor+1); !errors.Is(r.err, ErrStale) || r.val != nil {
+			t.Fatalf("floor read of %q above the stream's end: %q err %v, want ErrStale", key, r.val, r.err)
+		}
+	}
+	// A replica without the floor key at all (written after it was cut
+	// off) answers an empty batch: stale too.
+	if r := read("never", 0); !errors.Is(r.err, ErrNotFound) {
+		t.Fatalf("floor 0: %v", r.err)
+	}
+	ch := make(chan error, 1)
+	s.GetAsyncFloor("never", "_no_such_floor", 1, 5*time.Second, func(_ []byte, _ uint64, err error) { ch <- err })
+	if err := <-ch; !errors.Is(err, ErrStale) {
+		t.Fatalf("floor read without the floor key: %v, want ErrStale", err)
+	}
+}
+
 func TestJetStreamStoreAsyncFailures(t *testing.T) {
 	js, _ := jsBucket(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -2,10 +2,10 @@ package mesh
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,6 +80,16 @@ const (
 	revGenMask           = 1<<(62-revSeqBits) - 1
 	journalMaxBatchBytes = 256 << 10
 	journalMarkPrefix    = "_journal."
+	journalFloorPrefix   = "_floor."
+	// floorWindow is how long after claiming a partition this node reads
+	// its keys' records from the state bucket with a freshness floor
+	// (GetAsync). A stream leader cut off from its cluster steps down
+	// within the raft's lost-quorum interval (10 s) of the cut; one cut
+	// off before the claim is gone by then.
+	floorWindow = 30 * time.Second
+	// floorRetry is the pause before a floor read answered by a replica
+	// behind its floor is sent again.
+	floorRetry           = 5 * time.Millisecond
 	checkpointParallel   = 256
 	expectedSubjSeqHdr   = "Nats-Expected-Last-Subject-Sequence"
 	journalCommitRetries = 3
@@ -135,6 +145,14 @@ type journalStore struct {
 	mu      sync.Mutex
 	entries map[string]*journalEntry
 	gen     []uint64 // per partition (see Revisions above)
+	// floors are, per partition, the state bucket's sequence when this
+	// node claimed it (the acknowledgement of its write of floorKey) and
+	// when (unix ns); nil when the bucket allows no direct gets.
+	floors   []partFloor
+	floorKey string
+	// kvHigh is the highest sequence of this node's writes to the state
+	// bucket that it knows of: a floor read must see them too.
+	kvHigh  uint64
 	pending []*journalWrite
 	last    uint64 // the last sequence of subj this node knows of
 	mark    uint64 // batches up to it are checkpointed
@@ -165,6 +183,12 @@ type journalRead struct {
 type journalState struct {
 	val []byte
 	seq uint64
+}
+
+// partFloor is a partition's read floor (journalStore.floors).
+type partFloor struct {
+	seq uint64
+	at  int64
 }
 
 // JournalStream returns the name of the journal stream.
@@ -223,6 +247,22 @@ func (n *Node) startJournal(ctx, bgctx context.Context, js jetstream.JetStream, 
 		gen:        make([]uint64, n.cfg.Partitions),
 		reads:      make(map[string]*journalRead),
 		readLock:   make(chan struct{}, 1),
+		floorKey:   journalFloorPrefix + n.cfg.NodeID,
+	}
+	// Floor reads are direct gets (GetAsync): only on a bucket that
+	// allows them (a bucket made elsewhere may not; its reads stay leader
+	// reads).
+	if err := n.retryJS(ctx, "state bucket status", func(ctx context.Context) error {
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo().Config.AllowDirect {
+			j.floors = make([]partFloor, n.cfg.Partitions)
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("mesh: state bucket: %w", err)
 	}
 	// Where this node's subject ends (a node restarted with the same id
 	// continues it; what it holds is adopted with the partitions).
@@ -327,13 +367,62 @@ func (j *journalStore) GetAsync(key string, timeout time.Duration, done func([]b
 		go done(val, rev, nil)
 		return
 	}
+	var floor uint64
+	if j.floors != nil {
+		if f := j.floors[part]; f.seq != 0 && time.Now().UnixNano()-f.at < int64(floorWindow) {
+			floor = max(f.seq, j.kvHigh)
+		}
+	}
 	j.mu.Unlock()
-	j.under.GetAsync(key, timeout, func(val []byte, rev uint64, err error) {
+	tagged := func(val []byte, rev uint64, err error) {
 		if rev != 0 {
 			rev = tagRev(rev, gen)
 		}
 		done(val, rev, err)
+	}
+	if floor != 0 {
+		j.getFloor(key, floor, time.Now().Add(timeout), tagged)
+		return
+	}
+	j.under.GetAsync(key, timeout, tagged)
+}
+
+// getFloor reads key from the state bucket with a freshness floor (see
+// adopt), again after floorRetry while the replica answering is behind it,
+// until deadline.
+func (j *journalStore) getFloor(key string, floor uint64, deadline time.Time, done func([]byte, uint64, error)) {
+	j.under.GetAsyncFloor(key, j.floorKey, floor, time.Until(deadline), func(val []byte, rev uint64, err error) {
+		if errors.Is(err, kvstate.ErrStale) && time.Until(deadline) > floorRetry {
+			time.AfterFunc(floorRetry, func() { j.getFloor(key, floor, deadline, done) })
+			return
+		}
+		if errors.Is(err, kvstate.ErrStale) {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		done(val, rev, err)
 	})
+}
+
+// setFloor records the state bucket's sequence after claiming partition
+// p: for floorWindow the owner reads p's keys from replicas at least that
+// current. A key's latest record in the bucket was written before the
+// claim (by a previous owner) or by this node (kvHigh), and a stream
+// leader cut off from its cluster before the claim, which keeps answering
+// leader reads for a while (right after a partition heals too), would
+// answer with an older record: a regression of the key's state.
+func (j *journalStore) setFloor(ctx context.Context, p int) error {
+	if j.floors == nil {
+		return nil
+	}
+	seq, err := j.kv.Put(ctx, j.floorKey, nil)
+	if err != nil {
+		return fmt.Errorf("writing the read floor: %w", err)
+	}
+	j.mu.Lock()
+	j.floors[p] = partFloor{seq: seq, at: time.Now().UnixNano()}
+	j.kvHigh = max(j.kvHigh, seq)
+	j.mu.Unlock()
+	return nil
 }
 
 // tagRev returns rev (a sequence, with journalRevBit for the journal's)
@@ -722,6 +811,7 @@ func (j *journalStore) checkpoint(ctx context.Context, part int) error {
 			j.mu.Lock()
 			if err == nil {
 				t.e.kvRev, t.e.kvKnown = rev, true
+				j.kvHigh = max(j.kvHigh, rev)
 				if t.e.jseq == t.jseq {
 					t.e.firstDirty = 0
 				} else {
@@ -908,25 +998,9 @@ func (j *journalStore) dropOrphans(p int) {
 // adoption sources were sources (partValue.From, oldest first; none when
 // the entry was absent or released): it fences each source's journal (its
 // own: appends a barrier) and reads it from its mark to the fence, and
-// appends to this node's journal a tenure marker (a fence of p naming this
-// node) and then the latest record of each of p's keys (later sources
-// win), so whoever takes p over from this node finds them there.
-//
-// The marker ends what this node's journal says about p before it: a
-// reader of the journal (readJournal) drops p's records from before the
-// node's latest marker of p. Those are from an earlier tenure, which ended
-// in a release (checkpointed, and the state bucket or a later owner's
-// journal has newer records) or a loss (adopted by the next owner).
-// Without it, a node that lost p, took it back and lost it again before
-// its mark passed its first tenure's records would hand the next owner a
-// key's record from that first tenure, older than the one in the state
-// bucket: a regression of the key's state, an overshoot.
-//
-// A node that is one of the sources (it takes back a partition it lost
-// before anyone finished adopting it) appends no marker: its records of p
-// since its last marker are what it adopts, and a marker that landed
-// without the adopted records after it (a failed append) would hide them
-// from the next claimer.
+// appends to this node's journal the latest record of each of p's keys
+// (later sources win), so whoever takes p over from this node finds them
+// there.
 func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64, p int) (err error) {
 	// This node's own records of p become orphans: they hold the mark
 	// (so its journal is not purged under the reads below) until the
@@ -990,11 +1064,7 @@ func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64
 		}
 		wg.Done()
 	}
-	writes := make([]*journalWrite, 0, 1+len(latest))
-	if !slices.Contains(sources, j.self) {
-		writes = append(writes, &journalWrite{fence: &journalFence{part: p, epoch: epoch, node: j.self},
-			part: p, gen: gen, deadline: deadline, done: done})
-	}
+	writes := make([]*journalWrite, 0, len(latest))
 	for k, val := range latest {
 		writes = append(writes, &journalWrite{key: k, val: val, part: p, gen: gen, deadline: deadline, done: done})
 	}
@@ -1004,8 +1074,48 @@ func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64
 	if err, _ := failed.Load().(error); err != nil {
 		return fmt.Errorf("journalling the adopted records: %w", err)
 	}
+	if err := j.setFloor(ctx, p); err != nil {
+		return err
+	}
 	j.n.log.Info("partition adopted", "partition", p, "from", sources, "records", len(latest))
 	return nil
+}
+
+// marker appends to this node's journal a tenure marker of partition p (a
+// fence naming this node) before it claims p with sources that do not
+// include itself; a failure fails the claim.
+//
+// The marker ends what this node's journal says about p before it: a
+// reader of the journal (readJournal) drops p's records from before the
+// node's latest marker of p. Those are from an earlier tenure, which ended
+// in a release (checkpointed, and the state bucket or a later owner's
+// journal has newer records) or a loss (adopted by the next owner, which
+// renewed: otherwise that owner would be a source of this claim, and so
+// would this node). Without it, a node that lost p and claims it again
+// would, if it fails before its adoption is done (or loses p again before
+// its mark passes its first tenure's records), hand the next claimer a
+// key's record from the first tenure, older than the one in the state
+// bucket: a regression of the key's state, an overshoot. It is appended
+// before the claim, not after: once the claim lands the node is a source
+// of the next claimer, and a marker that failed after it left those old
+// records in view (seen in TestFaultPartition).
+//
+// A claim whose sources include this node (it takes back a partition it
+// lost before anyone finished adopting it) appends none: its records of p
+// since its last marker are what it adopts.
+func (j *journalStore) marker(ctx context.Context, p int, epoch uint64) error {
+	ch := make(chan error, 1)
+	j.mu.Lock()
+	gen := j.gen[p]
+	j.mu.Unlock()
+	j.enqueue(&journalWrite{fence: &journalFence{part: p, epoch: epoch, node: j.self}, part: p, gen: gen,
+		deadline: time.Now().Add(timeoutOf(ctx, j.timeout)), done: func(_ uint64, err error) { ch <- err }})
+	select {
+	case err := <-ch:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // barrier appends an empty batch to this node's journal through the
@@ -1274,7 +1384,8 @@ func (j *journalStore) expireReads() {
 
 // ReadStateRecord returns the latest durable record of a limit key in the
 // installation with subject prefix prefix: the newest one journalled after
-// its node's mark, else the state bucket's; an error wrapping
+// its node's mark and not superseded by that node's later tenure marker of
+// the key's partition, else the state bucket's; an error wrapping
 // kvstate.ErrNotFound when there is none. It scans the whole journal
 // stream, for diagnostics and tests, not for deciding; a journal left by a
 // node that stopped without handing its partitions over still counts.
@@ -1289,6 +1400,22 @@ func ReadStateRecord(ctx context.Context, js jetstream.JetStream, prefix, key st
 	}
 	var best []byte
 	if stream != nil {
+		// The key's partition, for the tenure markers (-1: the partition
+		// count is unknown, markers are not applied).
+		part := -1
+		if skv, err := js.KeyValue(ctx, prefix+"_shards"); err == nil {
+			if e, err := skv.Get(ctx, shardConfigKey); err == nil {
+				var v shardConfigValue
+				if json.Unmarshal(e.Value(), &v) == nil && v.Partitions > 0 {
+					part = partitionOf(key, v.Partitions)
+				}
+			}
+		}
+		type rec struct {
+			val []byte
+			seq uint64
+		}
+		latest := make(map[string]rec) // per node
 		marks := make(map[string]uint64)
 		filter := journalSubjects(prefix) + "*"
 		for seq := uint64(1); ; {
@@ -1313,10 +1440,19 @@ func ReadStateRecord(ctx context.Context, js jetstream.JetStream, prefix, key st
 			if err != nil {
 				continue
 			}
+			if f := jm.fence; f != nil && f.node == node && f.part == part {
+				delete(latest, node)
+			}
 			for _, it := range jm.items {
 				if it.key == key {
-					best = it.val
+					latest[node] = rec{it.val, m.Sequence}
 				}
+			}
+		}
+		var at uint64
+		for _, r := range latest {
+			if r.seq > at {
+				best, at = r.val, r.seq
 			}
 		}
 	}

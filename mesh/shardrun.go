@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -278,6 +279,12 @@ func (s *shardRunner) do(ctx context.Context, op shardOp) {
 	key := "part." + strconv.Itoa(op.part)
 	switch op.kind {
 	case opClaim:
+		if j := s.n.journal; j != nil && !slices.Contains(op.sources, s.core.self) {
+			if r.err = j.marker(opCtx, op.part, op.rev); r.err != nil {
+				r.err = fmt.Errorf("appending a tenure marker: %w", r.err)
+				break
+			}
+		}
 		r.rev, r.err = s.kv.Update(opCtx, key, appendPartValue(nil, partValue{Node: s.core.self, From: op.sources}), op.rev)
 		if r.err == nil && s.n.journal != nil {
 			r.err = s.adopt(ctx, op, r.rev)

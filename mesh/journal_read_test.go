@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -237,4 +238,58 @@ func TestReadJournalTenureMarker(t *testing.T) {
 	check("second tenure, nothing written yet", map[string]string{})
 	appendMsg(batch(k1, "a2"))
 	check("second tenure", map[string]string{k1: "a2"})
+}
+
+// TestJournalFloorRead: after a claim (setFloor) a partition's keys are
+// read from the state bucket by a replica at least as current as the
+// claim's floor; a replica behind it (here: a floor above the stream's
+// end, as a cut-off stream leader would be) is asked again until the
+// call's deadline and then the load is unavailable (a 503, never a
+// decision on an old record). Past floorWindow, reads are leader reads.
+func TestJournalFloorRead(t *testing.T) {
+	_, kv, st := jsStateStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const parts = 64
+	j := &journalStore{n: &Node{cfg: NodeConfig{Partitions: parts}, log: slog.New(slog.DiscardHandler)},
+		under: st, kv: kv, timeout: time.Second, entries: make(map[string]*journalEntry),
+		gen: make([]uint64, parts), floors: make([]partFloor, parts), floorKey: journalFloorPrefix + "me"}
+	key := "p.floor.k=1"
+	p := partitionOf(key, parts)
+	rev, err := kv.Put(ctx, key, []byte("rec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.setFloor(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if j.floors[p].seq <= rev {
+		t.Fatalf("floor %d, not above the key's revision %d", j.floors[p].seq, rev)
+	}
+	get := func(timeout time.Duration) ([]byte, uint64, error) {
+		type res struct {
+			val []byte
+			rev uint64
+			err error
+		}
+		ch := make(chan res, 1)
+		j.GetAsync(key, timeout, func(v []byte, r uint64, err error) { ch <- res{v, r, err} })
+		r := <-ch
+		return r.val, r.rev, r.err
+	}
+	if val, r, err := get(time.Second); err != nil || string(val) != "rec" || r&revSeqMask != rev {
+		t.Fatalf("floor read: %q rev %d err %v, want rec rev %d", val, r&revSeqMask, err, rev)
+	}
+	j.floors[p].seq += 1000 // the replica answering is behind the floor
+	start := time.Now()
+	if val, _, err := get(100 * time.Millisecond); !errors.Is(err, ErrUnavailable) || !errors.Is(err, kvstate.ErrStale) || val != nil {
+		t.Fatalf("floor read on a replica behind the floor: %q %v, want ErrUnavailable wrapping ErrStale", val, err)
+	}
+	if d := time.Since(start); d < 50*time.Millisecond {
+		t.Fatalf("gave up after %v: want retries until the call's deadline", d)
+	}
+	j.floors[p].at -= int64(floorWindow) // the claim is old: a leader read
+	if val, _, err := get(time.Second); err != nil || string(val) != "rec" {
+		t.Fatalf("read after the floor window: %q %v", val, err)
+	}
 }

@@ -274,21 +274,13 @@ func (s *shardRunner) closeSubs() {
 // do performs one KV operation of the core and reports its result.
 func (s *shardRunner) do(ctx context.Context, op shardOp) {
 	r := shardResult{op: op}
-	opCtx, cancel := context.WithTimeout(ctx, max(s.lease/3, 50*time.Millisecond))
+	opTimeout := max(s.lease/3, 50*time.Millisecond)
+	opCtx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	key := "part." + strconv.Itoa(op.part)
 	switch op.kind {
 	case opClaim:
-		if j := s.n.journal; j != nil && !slices.Contains(op.sources, s.core.self) {
-			if r.err = j.marker(opCtx, op.part, op.rev); r.err != nil {
-				r.err = fmt.Errorf("appending a tenure marker: %w", r.err)
-				break
-			}
-		}
-		r.rev, r.err = s.kv.Update(opCtx, key, appendPartValue(nil, partValue{Node: s.core.self, From: op.sources}), op.rev)
-		if r.err == nil && s.n.journal != nil {
-			r.err = s.adopt(ctx, op, r.rev)
-		}
+		r.rev, r.err = s.claim(ctx, op, key, opTimeout)
 	case opRenew:
 		r.rev, r.err = s.kv.Update(opCtx, key, appendPartValue(nil, partValue{Node: s.core.self, Epoch: op.epoch}), op.rev)
 	case opRelease:
@@ -306,7 +298,7 @@ func (s *shardRunner) do(ctx context.Context, op shardOp) {
 				break
 			}
 		}
-		opCtx2, cancel2 := context.WithTimeout(ctx, max(s.lease/3, 50*time.Millisecond))
+		opCtx2, cancel2 := context.WithTimeout(ctx, opTimeout)
 		r.err = s.kv.Delete(opCtx2, key, jetstream.LastRevision(op.rev))
 		cancel2()
 		if r.err == nil {
@@ -321,6 +313,28 @@ func (s *shardRunner) do(ctx context.Context, op shardOp) {
 	case s.results <- r:
 	case <-ctx.Done():
 	}
+}
+
+// claim appends the tenure marker the claim needs (see journalStore.marker),
+// then writes the claim (each within timeout) and adopts the partition's
+// records. It returns the claim's revision.
+func (s *shardRunner) claim(ctx context.Context, op shardOp, key string, timeout time.Duration) (uint64, error) {
+	j := s.n.journal
+	if j != nil && !slices.Contains(op.sources, s.core.self) {
+		mctx, cancel := context.WithTimeout(ctx, timeout)
+		err := j.marker(mctx, op.part, op.rev)
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("appending a tenure marker: %w", err)
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	rev, err := s.kv.Update(cctx, key, appendPartValue(nil, partValue{Node: s.core.self, From: op.sources}), op.rev)
+	cancel()
+	if err == nil && j != nil {
+		err = s.adopt(ctx, op, rev)
+	}
+	return rev, err
 }
 
 // adopt takes partition op.part over from the journals of op.sources

@@ -368,9 +368,10 @@ func (j *journalStore) GetAsync(key string, timeout time.Duration, done func([]b
 		return
 	}
 	var floor uint64
+	var unset bool
 	if j.floors != nil {
-		if f := j.floors[part]; f.seq != 0 && time.Now().UnixNano()-f.at < int64(floorWindow) {
-			floor = max(f.seq, j.kvHigh)
+		if f := j.floors[part]; time.Now().UnixNano()-f.at < int64(floorWindow) {
+			floor, unset = max(f.seq, j.kvHigh), f.seq == 0
 		}
 	}
 	j.mu.Unlock()
@@ -380,11 +381,28 @@ func (j *journalStore) GetAsync(key string, timeout time.Duration, done func([]b
 		}
 		done(val, rev, err)
 	}
-	if floor != 0 {
-		j.getFloor(key, floor, time.Now().Add(timeout), tagged)
-		return
+	deadline := time.Now().Add(timeout)
+	switch {
+	case unset:
+		// The claim could not write its floor: write it now.
+		go func() {
+			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			err := j.writeFloor(ctx, part)
+			cancel()
+			if err != nil {
+				tagged(nil, 0, fmt.Errorf("%w: %w", ErrUnavailable, err))
+				return
+			}
+			j.mu.Lock()
+			floor := max(j.floors[part].seq, j.kvHigh)
+			j.mu.Unlock()
+			j.getFloor(key, floor, deadline, tagged)
+		}()
+	case floor != 0:
+		j.getFloor(key, floor, deadline, tagged)
+	default:
+		j.under.GetAsync(key, timeout, tagged)
 	}
-	j.under.GetAsync(key, timeout, tagged)
 }
 
 // getFloor reads key from the state bucket with a freshness floor (see
@@ -403,23 +421,38 @@ func (j *journalStore) getFloor(key string, floor uint64, deadline time.Time, do
 	})
 }
 
-// setFloor records the state bucket's sequence after claiming partition
+// claimFloor records the state bucket's sequence after claiming partition
 // p: for floorWindow the owner reads p's keys from replicas at least that
 // current. A key's latest record in the bucket was written before the
 // claim (by a previous owner) or by this node (kvHigh), and a stream
 // leader cut off from its cluster before the claim, which keeps answering
 // leader reads for a while (right after a partition heals too), would
 // answer with an older record: a regression of the key's state.
-func (j *journalStore) setFloor(ctx context.Context, p int) error {
+func (j *journalStore) claimFloor(ctx context.Context, p int) error {
 	if j.floors == nil {
 		return nil
 	}
+	j.mu.Lock()
+	j.floors[p] = partFloor{at: time.Now().UnixNano()} // unset until the write lands
+	j.mu.Unlock()
+	return j.writeFloor(ctx, p)
+}
+
+// writeFloor writes the floor key and raises partition p's floor to the
+// write's revision (unless p was claimed again meanwhile: that claim's
+// floor must come from a write after it).
+func (j *journalStore) writeFloor(ctx context.Context, p int) error {
+	j.mu.Lock()
+	claimed := j.floors[p].at
+	j.mu.Unlock()
 	seq, err := j.kv.Put(ctx, j.floorKey, nil)
 	if err != nil {
 		return fmt.Errorf("writing the read floor: %w", err)
 	}
 	j.mu.Lock()
-	j.floors[p] = partFloor{seq: seq, at: time.Now().UnixNano()}
+	if j.floors[p].at == claimed {
+		j.floors[p].seq = max(j.floors[p].seq, seq)
+	}
 	j.kvHigh = max(j.kvHigh, seq)
 	j.mu.Unlock()
 	return nil
@@ -1074,8 +1107,11 @@ func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64
 	if err, _ := failed.Load().(error); err != nil {
 		return fmt.Errorf("journalling the adopted records: %w", err)
 	}
-	if err := j.setFloor(ctx, p); err != nil {
-		return err
+	// The floor needs the state bucket, which the adopted records do
+	// not: without it (no stream leader yet) the partition is served, and
+	// its first load writes the floor before it reads.
+	if err := j.claimFloor(ctx, p); err != nil {
+		j.n.log.Debug("read floor not written yet", "partition", p, "error", err.Error())
 	}
 	j.n.log.Info("partition adopted", "partition", p, "from", sources, "records", len(latest))
 	return nil

@@ -240,12 +240,13 @@ func TestReadJournalTenureMarker(t *testing.T) {
 	check("second tenure", map[string]string{k1: "a2"})
 }
 
-// TestJournalFloorRead: after a claim (setFloor) a partition's keys are
+// TestJournalFloorRead: after a claim (claimFloor) a partition's keys are
 // read from the state bucket by a replica at least as current as the
 // claim's floor; a replica behind it (here: a floor above the stream's
 // end, as a cut-off stream leader would be) is asked again until the
 // call's deadline and then the load is unavailable (a 503, never a
-// decision on an old record). Past floorWindow, reads are leader reads.
+// decision on an old record). A claim that could not write its floor has
+// its first load write it. Past floorWindow, reads are leader reads.
 func TestJournalFloorRead(t *testing.T) {
 	_, kv, st := jsStateStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -260,7 +261,7 @@ func TestJournalFloorRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := j.setFloor(ctx, p); err != nil {
+	if err := j.claimFloor(ctx, p); err != nil {
 		t.Fatal(err)
 	}
 	if j.floors[p].seq <= rev {
@@ -287,6 +288,18 @@ func TestJournalFloorRead(t *testing.T) {
 	}
 	if d := time.Since(start); d < 50*time.Millisecond {
 		t.Fatalf("gave up after %v: want retries until the call's deadline", d)
+	}
+	// A claim that could not write its floor (no state stream leader
+	// yet): the first load writes it, then reads.
+	j.floors[p] = partFloor{at: time.Now().UnixNano()}
+	if val, _, err := get(time.Second); err != nil || string(val) != "rec" {
+		t.Fatalf("read with the floor unset: %q %v", val, err)
+	}
+	j.mu.Lock()
+	written := j.floors[p].seq
+	j.mu.Unlock()
+	if written <= rev {
+		t.Fatalf("floor %d after the load, want it written (above %d)", written, rev)
 	}
 	j.floors[p].at -= int64(floorWindow) // the claim is old: a leader read
 	if val, _, err := get(time.Second); err != nil || string(val) != "rec" {

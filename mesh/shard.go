@@ -220,6 +220,12 @@ type shardCore struct {
 	// adopts them from this node's journal. 0: none.
 	kept []uint64
 
+	// claimFails[n] counts the consecutive failed claims of partition n
+	// (reset by a claim that lands); claimAfter[n] is the instant before
+	// which it is not claimed again (claimBackoff).
+	claimFails []int
+	claimAfter []int64
+
 	lastBeat  int64 // send instant of the last heartbeat; 0 = never
 	beating   bool
 	lostParts []int
@@ -238,6 +244,9 @@ func newShardCore(self string, parts int, lease int64) *shardCore {
 		obs:     make([]partObs, parts),
 		mine:    make([]holding, parts),
 		kept:    make([]uint64, parts),
+
+		claimFails: make([]int, parts),
+		claimAfter: make([]int64, parts),
 	}
 }
 
@@ -346,7 +355,10 @@ func (c *shardCore) tick(now int64) []shardOp {
 		o := c.obs[n]
 		switch h.state {
 		case holdNone:
+			mayClaim := now >= c.claimAfter[n]
 			switch {
+			case !mayClaim && (target == c.self || o.node == c.self):
+				// A claim just failed: not again before its backoff.
 			case o.exists && o.node == c.self && target == c.self:
 				// Our own entry from before (a restart with the same id, a
 				// failed release): take it over in a new epoch.
@@ -414,13 +426,30 @@ func (c *shardCore) claimed(op shardOp, rev uint64, err error, now int64) {
 	}
 	if err != nil {
 		*h = holding{}
+		c.claimFails[op.part]++
+		c.claimAfter[op.part] = now + c.claimBackoff(c.claimFails[op.part])
 		return
 	}
+	c.claimFails[op.part], c.claimAfter[op.part] = 0, 0
 	*h = holding{state: holdOwned, epoch: rev, rev: rev, renewedAt: op.at}
 	c.claims++
 	if rev > c.obs[op.part].rev {
 		c.obs[op.part] = partObs{exists: true, node: c.self, epoch: rev, rev: rev, seen: now}
 	}
+}
+
+// claimBackoff is the pause after the fails'th consecutive failed claim of
+// a partition: lease/32, doubling, at most lease/4. A claim that fails at
+// once (its tenure marker or the shards bucket refused) is not sent again
+// at every tick: in TestFaultPartition a node whose journal was failing
+// tried its markers for some fifty partitions every tick, and the writer
+// had time for nothing else.
+func (c *shardCore) claimBackoff(fails int) int64 {
+	d := c.lease / 32
+	for i := 1; i < fails && d < c.lease/4; i++ {
+		d *= 2
+	}
+	return min(d, c.lease/4)
 }
 
 // renewed reports the result of an opRenew. A conflict loses the

@@ -724,3 +724,46 @@ func twoLiveCores(parts int, lease int64) (a, b *shardCore, now int64) {
 	}
 	return a, b, now
 }
+
+// TestShardClaimBackoff: a failed claim is not sent again before its
+// backoff (lease/32, doubling with each consecutive failure, at most
+// lease/4); a claim that lands resets it. Before, a claim that failed at
+// once was sent again at every tick (TestFaultPartition: a node whose
+// journal failed tried its tenure markers for some fifty partitions every
+// tick, and its journal writer had time for nothing else).
+func TestShardClaimBackoff(t *testing.T) {
+	const parts, lease = 4, 3200
+	c := newShardCore("a", parts, lease)
+	now := int64(1)
+	c.observeNode("a", 1, false, now)
+	claimOf := func(at int64) *shardOp {
+		t.Helper()
+		got := opsOf(c.tick(at), 0)
+		switch {
+		case len(got) == 0:
+			return nil
+		case len(got) == 1 && got[0].kind == opClaim:
+			return &got[0]
+		}
+		t.Fatalf("at %d: ops %+v, want at most a claim", at, got)
+		return nil
+	}
+	op := claimOf(now)
+	if op == nil {
+		t.Fatal("no first claim")
+	}
+	for i, wait := range []int64{lease / 32, lease / 16, lease / 8, lease / 4, lease / 4} {
+		c.claimed(*op, 0, errors.New("refused"), now)
+		if got := claimOf(now + wait - 1); got != nil {
+			t.Fatalf("failure %d: claimed again after %d, want a pause of %d", i+1, wait-1, wait)
+		}
+		now += wait
+		if op = claimOf(now); op == nil {
+			t.Fatalf("failure %d: no claim after the pause of %d", i+1, wait)
+		}
+	}
+	c.claimed(*op, 7, nil, now)
+	if c.claimFails[0] != 0 || c.claimAfter[0] != 0 {
+		t.Fatalf("after a claim that landed: %d failures, pause until %d; want none", c.claimFails[0], c.claimAfter[0])
+	}
+}

@@ -104,6 +104,9 @@ type journalEntry struct {
 	kvKnown    bool
 	part       int
 	orphan     bool  // of a partition this node lost; kept for the mark
+	// pin keeps the record above the mark (in view of a reader of this
+	// journal) while its partition's claim is not renewed (see renewed).
+	pin bool
 	touched    int64 // unix ns of the last write or read
 }
 
@@ -145,6 +148,9 @@ type journalStore struct {
 	mu      sync.Mutex
 	entries map[string]*journalEntry
 	gen     []uint64 // per partition (see Revisions above)
+	// unrenewed[p]: this node claimed p and has not renewed the claim yet
+	// (see renewed).
+	unrenewed []bool
 	// floors are, per partition, the state bucket's sequence when this
 	// node claimed it (the acknowledgement of its write of floorKey) and
 	// when (unix ns); nil when the bucket allows no direct gets.
@@ -245,6 +251,7 @@ func (n *Node) startJournal(ctx, bgctx context.Context, js jetstream.JetStream, 
 		streamName: n.JournalStream(),
 		entries:    make(map[string]*journalEntry),
 		gen:        make([]uint64, n.cfg.Partitions),
+		unrenewed:  make([]bool, n.cfg.Partitions),
 		reads:      make(map[string]*journalRead),
 		readLock:   make(chan struct{}, 1),
 		floorKey:   journalFloorPrefix + n.cfg.NodeID,
@@ -717,6 +724,9 @@ func (j *journalStore) committed(batch []*journalWrite, seq uint64) {
 		if e.firstDirty == 0 {
 			e.firstDirty = seq
 		}
+		if j.unrenewed[w.part] {
+			e.pin = true
+		}
 		// A write that was in flight while its partition changed hands:
 		// committed, but the partition's next owner has it (or will, from
 		// the journal); keep it for the mark only.
@@ -913,6 +923,8 @@ func (j *journalStore) advanceMark(ctx context.Context) {
 		switch {
 		case e.firstDirty != 0:
 			m = min(m, e.firstDirty-1)
+		case e.pin:
+			m = min(m, e.jseq-1)
 		case e.touched < idle:
 			delete(j.entries, k)
 		}
@@ -982,6 +994,7 @@ func (j *journalStore) release(ctx context.Context, p int) error {
 	err := j.checkpoint(ctx, p)
 	j.mu.Lock()
 	j.gen[p]++
+	j.unrenewed[p] = false
 	for k, e := range j.entries {
 		if e.part == p {
 			if err == nil && e.firstDirty == 0 {
@@ -1005,10 +1018,34 @@ func (j *journalStore) lose(p int) {
 		if e.part != p {
 			continue
 		}
-		if e.firstDirty == 0 {
+		if e.firstDirty == 0 && !e.pin {
 			delete(j.entries, k)
 		} else {
 			e.orphan = true
+		}
+	}
+}
+
+// renewed reports that this node renewed its claim of partition p: its
+// adoption is done and its entry no longer names the claim's sources, so
+// the partition's next claimer reads this node's journal alone, and the
+// mark may pass p's records once they are checkpointed. Until then they
+// stay in view (pinned) even when checkpointed: the next claimer reads the
+// sources too, oldest first, and a source's older record of a key would
+// win over this node's newer one hidden below its mark (seen in
+// TestFaultPartition: a node adopted the hot key, decided, checkpointed,
+// could not renew while the shards stream had no leader, and the next
+// claimer took the previous owner's record: 636 units forgotten).
+func (j *journalStore) renewed(p int) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if !j.unrenewed[p] {
+		return
+	}
+	j.unrenewed[p] = false
+	for _, e := range j.entries {
+		if e.part == p && !e.orphan {
+			e.pin = false
 		}
 	}
 }
@@ -1041,6 +1078,7 @@ func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64
 	j.mu.Lock()
 	j.gen[p]++
 	gen := j.gen[p]
+	j.unrenewed[p] = true
 	for _, e := range j.entries {
 		if e.part == p {
 			e.orphan = true

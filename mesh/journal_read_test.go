@@ -306,3 +306,59 @@ func TestJournalFloorRead(t *testing.T) {
 		t.Fatalf("read after the floor window: %q %v", val, err)
 	}
 }
+
+// TestJournalPinHoldsMark: while this node's claim of a partition is not
+// renewed, its records of that partition stay above the mark even when
+// checkpointed (the next claimer reads the claim's sources too, oldest
+// first, and a source's older record would win over one hidden below the
+// mark); a loss keeps them (as orphans), and the renewal releases them.
+func TestJournalPinHoldsMark(t *testing.T) {
+	js, kv, _ := jsStateStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "J", Subjects: []string{"j.*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const parts = 64
+	inPart := func(p int) string {
+		for i := 0; ; i++ {
+			if k := fmt.Sprintf("p.pin.k=%d", i); partitionOf(k, parts) == p {
+				return k
+			}
+		}
+	}
+	j := &journalStore{n: &Node{cfg: NodeConfig{Partitions: parts}, log: slog.New(slog.DiscardHandler)},
+		kv: kv, stream: s, subj: "j.me", self: "me", timeout: time.Second, interval: time.Hour,
+		entries: make(map[string]*journalEntry), gen: make([]uint64, parts), unrenewed: make([]bool, parts)}
+	// Checkpointed records: of partition 3 (claimed, not renewed) in
+	// batch 10, of partition 5 in batch 15; the journal ends at 20.
+	j.unrenewed[3] = true
+	j.entries[inPart(3)] = &journalEntry{part: 3, jseq: 10, pin: true, touched: time.Now().UnixNano()}
+	j.entries[inPart(5)] = &journalEntry{part: 5, jseq: 15, touched: time.Now().UnixNano()}
+	j.last = 20
+	j.advanceMark(ctx)
+	if j.mark != 9 {
+		t.Fatalf("mark %d with a pinned record in batch 10, want 9", j.mark)
+	}
+	j.lose(3)
+	if e := j.entries[inPart(3)]; e == nil || !e.orphan {
+		t.Fatalf("a lost partition's pinned record was forgotten: %+v", e)
+	}
+	j.advanceMark(ctx)
+	if j.mark != 9 {
+		t.Fatalf("mark %d after the loss, want 9 still", j.mark)
+	}
+	j.dropOrphans(3) // another node renewed the partition: it adopted them
+	j.unrenewed[4] = true
+	j.entries[inPart(4)] = &journalEntry{part: 4, jseq: 12, pin: true, touched: time.Now().UnixNano()}
+	j.advanceMark(ctx)
+	if j.mark != 11 {
+		t.Fatalf("mark %d with a pinned record in batch 12, want 11", j.mark)
+	}
+	j.renewed(4)
+	j.advanceMark(ctx)
+	if j.mark != 20 {
+		t.Fatalf("mark %d after the renewal, want 20", j.mark)
+	}
+}

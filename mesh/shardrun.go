@@ -191,6 +191,9 @@ func (s *shardRunner) apply(r shardResult) {
 		}
 	case opRenew:
 		s.core.renewed(r.op, r.rev, r.err, r.conflict, now)
+		if j := s.n.journal; j != nil && r.err == nil {
+			j.renewed(r.op.part)
+		}
 		if r.err != nil {
 			s.log.Warn("partition renewal failed", "partition", r.op.part, "error", r.err.Error())
 		}

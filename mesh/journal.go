@@ -103,11 +103,11 @@ type journalEntry struct {
 	kvRev      uint64 // the key's revision in the state bucket, if kvKnown
 	kvKnown    bool
 	part       int
-	orphan     bool  // of a partition this node lost; kept for the mark
+	orphan     bool // of a partition this node lost; kept for the mark
 	// pin keeps the record above the mark (in view of a reader of this
 	// journal) while its partition's claim is not renewed (see renewed).
-	pin bool
-	touched    int64 // unix ns of the last write or read
+	pin     bool
+	touched int64 // unix ns of the last write or read
 }
 
 // journalWrite is a key write waiting for its batch, or (fence != nil) a

@@ -400,15 +400,18 @@ func (c *shardCore) claim(n int, rev uint64, sources []string, now int64) shardO
 
 // adoptSources returns the adoption sources of a claim over the entry o:
 // its unfinished claim's sources, then the node it names (none when it
-// does not exist), without repeats, at most maxAdoptSources.
+// does not exist), oldest first, at most maxAdoptSources. A node named
+// twice is kept where it comes last: a claimer that took the partition
+// back over a claim adopting from it ([a, b] then a) adopted b's records
+// and wrote newer ones, and the reader's later sources win.
 func adoptSources(o partObs) []string {
 	if !o.exists {
 		return nil
 	}
 	var src []string
 	for _, id := range append(slices.Clone(o.from), o.node) {
-		if nodeIDRE.MatchString(id) && !slices.Contains(src, id) {
-			src = append(src, id)
+		if nodeIDRE.MatchString(id) {
+			src = append(slices.DeleteFunc(src, func(s string) bool { return s == id }), id)
 		}
 	}
 	if len(src) > maxAdoptSources {

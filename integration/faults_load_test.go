@@ -209,13 +209,16 @@ func (l *load) stop() {
 	l.wg.Wait()
 }
 
-// checkAccounting spends one more unit through nc (retrying 503s, bounded)
-// and checks the admissions against the stored state that decision
-// reports. failed is the number of load requests without a 200 reply.
+// checkAccounting spends one more unit through nc (retrying 503s, bounded
+// like the recovery after a heal: a server cut off from the others may
+// keep a stale stream leader, whose answers fail the hot key's claims, up
+// to the raft's lost-quorum interval) and checks the admissions against
+// the stored state that decision reports. failed is the number of load
+// requests without a 200 reply.
 func checkAccounting(t *testing.T, nc *nats.Conn, admitted, failed int) {
 	t.Helper()
 	var r reply
-	waitFor(t, "a decision to read the stored state", func() bool {
+	waitWithin(t, 4*testTimeout, "a decision to read the stored state", func() bool {
 		m, err := nc.Request("rl.v1.decide", []byte(req(hotDesc, "")), faultRequestTimeout)
 		if err != nil {
 			return false

@@ -169,7 +169,13 @@ func req(desc map[string]string, extra string) string {
 // waitFor polls cond every few ms until it holds or testTimeout passes.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(testTimeout)
+	waitWithin(t, testTimeout, what, cond)
+}
+
+// waitWithin is waitFor with the bound d.
+func waitWithin(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

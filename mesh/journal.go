@@ -943,6 +943,7 @@ func (j *journalStore) advanceMark(ctx context.Context) {
 		j.n.log.Warn("recording the journal mark", "error", err.Error())
 		return
 	}
+	j.n.log.Debug("journal mark advanced", "from", old, "to", m)
 	j.mu.Lock()
 	j.mark = max(j.mark, m)
 	j.mu.Unlock()
@@ -1014,16 +1015,20 @@ func (j *journalStore) lose(p int) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.gen[p]++
+	kept, dropped := 0, 0
 	for k, e := range j.entries {
 		if e.part != p {
 			continue
 		}
 		if e.firstDirty == 0 && !e.pin {
 			delete(j.entries, k)
+			dropped++
 		} else {
 			e.orphan = true
+			kept++
 		}
 	}
+	j.n.log.Debug("lost partition's records", "partition", p, "kept", kept, "dropped", dropped, "mark", j.mark)
 }
 
 // renewed reports that this node renewed its claim of partition p: its
@@ -1057,10 +1062,15 @@ func (j *journalStore) ownedElsewhere(p int) { j.dropOrphans(p) }
 func (j *journalStore) dropOrphans(p int) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	n := 0
 	for k, e := range j.entries {
 		if e.part == p && e.orphan {
 			delete(j.entries, k)
+			n++
 		}
+	}
+	if n > 0 {
+		j.n.log.Debug("orphans dropped", "partition", p, "records", n)
 	}
 }
 
@@ -1123,6 +1133,7 @@ func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64
 		for k, st := range states {
 			if partitionOf(k, j.n.cfg.Partitions) == p {
 				latest[k] = st.val
+				j.n.log.Debug("adopting a record", "partition", p, "key", k, "source", src, "seq", st.seq, "upto", upto)
 			}
 		}
 	}
@@ -1239,6 +1250,7 @@ func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) 
 		}
 		r = &journalRead{next: mark + 1, states: make(map[string]journalState)}
 	}
+	from := r.next
 	subj := j.subjPre + id
 	err := j.readRange(ctx, subj, r.next, upto, func(seq uint64, data []byte) error {
 		jm, err := decodeJournal(data)
@@ -1276,6 +1288,7 @@ func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) 
 	if err != nil {
 		return nil, fmt.Errorf("reading the journal of %s: %w", id, err)
 	}
+	j.n.log.Debug("journal read", "node", id, "from", from, "upto", upto, "keys", len(r.states))
 	r.next = max(r.next, upto+1)
 	r.at = time.Now()
 	if id != j.self {

@@ -151,6 +151,14 @@ type journalStore struct {
 	// unrenewed[p]: this node claimed p and has not renewed the claim yet
 	// (see renewed).
 	unrenewed []bool
+	// owned[p]: this node adopted p and has not lost or released it since.
+	// Loads and writes of p's keys fail otherwise: a key's runner still
+	// busy when p was lost would reload the key (the bucket's record, with
+	// a revision of the new generation) and journal decisions of a
+	// partition another node owns (seen in TestFaultPartition: such a
+	// record, older than the bucket's, was the last of the hot key in the
+	// journal, and the next owner adopted it).
+	owned []bool
 	// floors are, per partition, the state bucket's sequence when this
 	// node claimed it (the acknowledgement of its write of floorKey) and
 	// when (unix ns); nil when the bucket allows no direct gets.
@@ -252,6 +260,7 @@ func (n *Node) startJournal(ctx, bgctx context.Context, js jetstream.JetStream, 
 		entries:    make(map[string]*journalEntry),
 		gen:        make([]uint64, n.cfg.Partitions),
 		unrenewed:  make([]bool, n.cfg.Partitions),
+		owned:      make([]bool, n.cfg.Partitions),
 		reads:      make(map[string]*journalRead),
 		readLock:   make(chan struct{}, 1),
 		floorKey:   journalFloorPrefix + n.cfg.NodeID,
@@ -366,6 +375,11 @@ func timeoutOf(ctx context.Context, def time.Duration) time.Duration {
 func (j *journalStore) GetAsync(key string, timeout time.Duration, done func([]byte, uint64, error)) {
 	part := partitionOf(key, j.n.cfg.Partitions)
 	j.mu.Lock()
+	if !j.owned[part] {
+		j.mu.Unlock()
+		go done(nil, 0, fmt.Errorf("%w: partition %d", errFenced, part))
+		return
+	}
 	gen := j.gen[part]
 	if e := j.entries[key]; e != nil && !e.orphan && e.firstDirty != 0 {
 		val, rev := e.val, tagRev(e.jseq|journalRevBit, gen)
@@ -479,6 +493,11 @@ func (j *journalStore) UpdateAsync(key string, value []byte, rev uint64, timeout
 	w := &journalWrite{key: key, val: value, part: partitionOf(key, j.n.cfg.Partitions),
 		deadline: time.Now().Add(timeout), done: done}
 	j.mu.Lock()
+	if !j.owned[w.part] {
+		j.mu.Unlock()
+		go done(0, fmt.Errorf("%w: partition %d", errFenced, w.part))
+		return
+	}
 	w.gen = j.gen[w.part]
 	e := j.entries[key]
 	known := e != nil && !e.orphan
@@ -982,6 +1001,7 @@ func readMark(ctx context.Context, kv jetstream.KeyValue, id string) (uint64, er
 // from this node's journal.
 func (j *journalStore) release(ctx context.Context, p int) error {
 	j.mu.Lock()
+	j.owned[p] = false // drained and flushed: no more writes of p
 	orphans := 0
 	for _, e := range j.entries {
 		if e.part == p && e.orphan {
@@ -1015,6 +1035,7 @@ func (j *journalStore) lose(p int) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.gen[p]++
+	j.owned[p] = false
 	kept, dropped := 0, 0
 	for k, e := range j.entries {
 		if e.part != p {
@@ -1089,6 +1110,7 @@ func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64
 	j.gen[p]++
 	gen := j.gen[p]
 	j.unrenewed[p] = true
+	j.owned[p] = false
 	for _, e := range j.entries {
 		if e.part == p {
 			e.orphan = true
@@ -1159,6 +1181,9 @@ func (j *journalStore) adopt(ctx context.Context, sources []string, epoch uint64
 	// The floor needs the state bucket, which the adopted records do
 	// not: without it (no stream leader yet) the partition is served, and
 	// its first load writes the floor before it reads.
+	j.mu.Lock()
+	j.owned[p] = gen == j.gen[p]
+	j.mu.Unlock()
 	if err := j.claimFloor(ctx, p); err != nil {
 		j.n.log.Debug("read floor not written yet", "partition", p, "error", err.Error())
 	}

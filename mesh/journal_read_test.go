@@ -246,7 +246,8 @@ func TestReadJournalTenureMarker(t *testing.T) {
 // end, as a cut-off stream leader would be) is asked again until the
 // call's deadline and then the load is unavailable (a 503, never a
 // decision on an old record). A claim that could not write its floor has
-// its first load write it. Past floorWindow, reads are leader reads.
+// its first load write it. Past floorWindow, reads are leader reads. Once
+// the partition is lost, its keys are neither loaded nor written.
 func TestJournalFloorRead(t *testing.T) {
 	_, kv, st := jsStateStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -254,9 +255,11 @@ func TestJournalFloorRead(t *testing.T) {
 	const parts = 64
 	j := &journalStore{n: &Node{cfg: NodeConfig{Partitions: parts}, log: slog.New(slog.DiscardHandler)},
 		under: st, kv: kv, timeout: time.Second, entries: make(map[string]*journalEntry),
-		gen: make([]uint64, parts), floors: make([]partFloor, parts), floorKey: journalFloorPrefix + "me"}
+		gen: make([]uint64, parts), floors: make([]partFloor, parts), floorKey: journalFloorPrefix + "me",
+		owned: make([]bool, parts)}
 	key := "p.floor.k=1"
 	p := partitionOf(key, parts)
+	j.owned[p] = true
 	rev, err := kv.Put(ctx, key, []byte("rec"))
 	if err != nil {
 		t.Fatal(err)
@@ -305,6 +308,17 @@ func TestJournalFloorRead(t *testing.T) {
 	if val, _, err := get(time.Second); err != nil || string(val) != "rec" {
 		t.Fatalf("read after the floor window: %q %v", val, err)
 	}
+	// Lost: a key runner still busy can neither reload the key nor
+	// journal a decision of it.
+	j.lose(p)
+	if _, _, err := get(time.Second); !errors.Is(err, errFenced) {
+		t.Fatalf("load of a lost partition's key: %v, want errFenced", err)
+	}
+	werr := make(chan error, 1)
+	j.UpdateAsync(key, []byte("x"), 0, time.Second, func(_ uint64, err error) { werr <- err })
+	if err := <-werr; !errors.Is(err, errFenced) {
+		t.Fatalf("write of a lost partition's key: %v, want errFenced", err)
+	}
 }
 
 // TestJournalPinHoldsMark: while this node's claim of a partition is not
@@ -330,7 +344,8 @@ func TestJournalPinHoldsMark(t *testing.T) {
 	}
 	j := &journalStore{n: &Node{cfg: NodeConfig{Partitions: parts}, log: slog.New(slog.DiscardHandler)},
 		kv: kv, stream: s, subj: "j.me", self: "me", timeout: time.Second, interval: time.Hour,
-		entries: make(map[string]*journalEntry), gen: make([]uint64, parts), unrenewed: make([]bool, parts)}
+		entries: make(map[string]*journalEntry), gen: make([]uint64, parts), unrenewed: make([]bool, parts),
+		owned: make([]bool, parts)}
 	// Checkpointed records: of partition 3 (claimed, not renewed) in
 	// batch 10, of partition 5 in batch 15; the journal ends at 20.
 	j.unrenewed[3] = true

@@ -325,7 +325,9 @@ func TestJournalFloorRead(t *testing.T) {
 // renewed, its records of that partition stay above the mark even when
 // checkpointed (the next claimer reads the claim's sources too, oldest
 // first, and a source's older record would win over one hidden below the
-// mark); a loss keeps them (as orphans), and the renewal releases them.
+// mark); a loss or a release keeps them (as orphans) until another node
+// renews the partition or its entry is seen deleted, and the renewal
+// releases them.
 func TestJournalPinHoldsMark(t *testing.T) {
 	js, kv, _ := jsStateStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -375,5 +377,25 @@ func TestJournalPinHoldsMark(t *testing.T) {
 	j.advanceMark(ctx)
 	if j.mark != 20 {
 		t.Fatalf("mark %d after the renewal, want 20", j.mark)
+	}
+	// A release of a claim not renewed keeps its checkpointed records in
+	// view (its entry's delete may fail, and then the next claimer reads
+	// the claim's sources) until the entry is seen deleted.
+	j.unrenewed[6] = true
+	j.owned = make([]bool, parts)
+	j.owned[6] = true
+	j.entries[inPart(6)] = &journalEntry{part: 6, jseq: 21, pin: true, touched: time.Now().UnixNano()}
+	j.last = 25
+	if err := j.release(ctx, 6); err != nil {
+		t.Fatal(err)
+	}
+	j.advanceMark(ctx)
+	if e := j.entries[inPart(6)]; e == nil || !e.orphan || j.mark != 20 {
+		t.Fatalf("after releasing a claim not renewed: entry %+v, mark %d; want it kept, mark 20", e, j.mark)
+	}
+	j.ownedElsewhere(6) // the entry was seen deleted
+	j.advanceMark(ctx)
+	if j.mark != 25 {
+		t.Fatalf("mark %d once the release was seen, want 25", j.mark)
 	}
 }

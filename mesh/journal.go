@@ -973,6 +973,16 @@ func (j *journalStore) advanceMark(ctx context.Context) {
 	}
 }
 
+// markOf returns node id's mark: this node's own, or the one id recorded.
+func (j *journalStore) markOf(ctx context.Context, id string) (uint64, error) {
+	if id == j.self {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return j.mark, nil
+	}
+	return readMark(ctx, j.kv, id)
+}
+
 // readMark returns node id's mark, from the state bucket kv (0 when it
 // has none).
 func readMark(ctx context.Context, kv jetstream.KeyValue, id string) (uint64, error) {
@@ -1268,16 +1278,9 @@ func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) 
 	defer func() { <-j.readLock }()
 	r := j.reads[id]
 	if r == nil {
-		var mark uint64
-		if id == j.self {
-			j.mu.Lock()
-			mark = j.mark
-			j.mu.Unlock()
-		} else {
-			var err error
-			if mark, err = readMark(ctx, j.kv, id); err != nil {
-				return nil, err
-			}
+		mark, err := j.markOf(ctx, id)
+		if err != nil {
+			return nil, err
 		}
 		r = &journalRead{next: mark + 1, states: make(map[string]journalState)}
 	}
@@ -1303,16 +1306,7 @@ func (j *journalStore) readJournal(ctx context.Context, id string, upto uint64) 
 		return nil
 	})
 	if errors.Is(err, errReadIncomplete) {
-		var mark uint64
-		var merr error
-		if id == j.self {
-			j.mu.Lock()
-			mark = j.mark
-			j.mu.Unlock()
-		} else {
-			mark, merr = readMark(ctx, j.kv, id)
-		}
-		if merr == nil && mark >= upto {
+		if mark, merr := j.markOf(ctx, id); merr == nil && mark >= upto {
 			err = nil
 		}
 	}

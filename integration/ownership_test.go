@@ -380,14 +380,16 @@ func TestDeposedOwnerFenced(t *testing.T) {
 	}
 }
 
-// TestClaimBackOwnEntry: an owner whose renewal landed but was reported
-// as a conflict (seen right after a network partition healed: a stream
-// leader cut off from the others, not yet aware it was replaced, answered
-// first) drops its partition, then claims it back over the entry naming
-// itself and adopts the partition's records from its own journal, read up
-// to a barrier it appends (not up to the journal's end as a read reports
-// it, which that stale leader answered too). Nothing spent before is
-// forgotten.
+// TestClaimBackOwnEntry: an owner whose renewal is refused by an entry
+// naming itself that it cannot tell from a write of its own (a claim of
+// its, epoch 0; or its renewal, when the read of the entry after the
+// conflict lags as well: seen right after a network partition healed, a
+// stream leader cut off from the others, not yet aware it was replaced,
+// answered first) drops its partition, then claims it back over the entry
+// naming itself and adopts the partition's records from its own journal,
+// read up to a barrier it appends (not up to the journal's end as a read
+// reports it, which that stale leader answered too). Nothing spent before
+// is forgotten.
 func TestClaimBackOwnEntry(t *testing.T) {
 	e := server(t, t.TempDir())
 	n := meshNodes(t, []*mesh.Embedded{e}, 1)[0]
@@ -405,8 +407,8 @@ func TestClaimBackOwnEntry(t *testing.T) {
 		t.Fatal(err)
 	}
 	partKey := "part." + strconv.Itoa(p)
-	own := fmt.Appendf(nil, `{"node":%q,"epoch":%d}`, n.node.ID(), epoch)
-	waitFor(t, "the owner's renewal written again", func() bool {
+	own := fmt.Appendf(nil, `{"node":%q}`, n.node.ID())
+	waitFor(t, "an entry naming the owner written", func() bool {
 		cur, err := shards.Get(ctx, partKey)
 		if err != nil {
 			return false
@@ -423,6 +425,58 @@ func TestClaimBackOwnEntry(t *testing.T) {
 	}
 	if got := decide(t, n.nc, "rl.v1.decide", req(desc, "")); got.Allowed {
 		t.Fatalf("after the claim-back: %+v admitted beyond the 40 units", got)
+	}
+}
+
+// TestRenewalLandedUnseen: an owner whose renewal landed but whose
+// acknowledgement was lost (a timeout under load) sends it again over the
+// old revision and is refused; it reads the entry, finds its own renewal
+// (its name, its epoch, a later revision) and keeps the partition in the
+// same epoch, instead of dropping it and claiming it back (seen in
+// TestJournalClaimerKilled: a loaded node gave up a dozen partitions nobody
+// else claimed).
+func TestRenewalLandedUnseen(t *testing.T) {
+	e := server(t, t.TempDir())
+	n := meshNodes(t, []*mesh.Embedded{e}, 1)[0]
+	desc := map[string]string{"tenant": "unseen"}
+	p := n.node.PartitionOf(slowKey("unseen"))
+	if r := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":10`)); !r.Allowed {
+		t.Fatalf("first spend: %+v", r)
+	}
+	epoch := n.node.Epoch(p)
+	js, _ := jetstream.New(n.nc)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	shards, err := js.KeyValue(ctx, "rl_shards")
+	if err != nil {
+		t.Fatal(err)
+	}
+	partKey := "part." + strconv.Itoa(p)
+	own := fmt.Appendf(nil, `{"node":%q,"epoch":%d}`, n.node.ID(), epoch)
+	var written uint64
+	waitFor(t, "the owner's renewal written again", func() bool {
+		cur, err := shards.Get(ctx, partKey)
+		if err != nil {
+			return false
+		}
+		written, err = shards.Update(ctx, partKey, own, cur.Revision())
+		return err == nil
+	})
+	waitFor(t, "the owner renews over the entry", func() bool {
+		cur, err := shards.Get(ctx, partKey)
+		return err == nil && cur.Revision() > written
+	})
+	if !n.node.Owns(p) || n.node.Epoch(p) != epoch {
+		t.Fatalf("owns %v in epoch %d, want the partition kept in epoch %d", n.node.Owns(p), n.node.Epoch(p), epoch)
+	}
+	if v := metricValue(t, n, `limitmesh_ownership_changes_total{change="lost"}`); v != 0 {
+		t.Fatalf("lost changes = %v, want 0", v)
+	}
+	if got := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":30`)); !got.Allowed || got.Remaining >= 1 {
+		t.Fatalf("after the renewal: %+v, want 30 of the 30 left admitted", got)
+	}
+	if got := decide(t, n.nc, "rl.v1.decide", req(desc, "")); got.Allowed {
+		t.Fatalf("after the renewal: %+v admitted beyond the 40 units", got)
 	}
 }
 

@@ -176,6 +176,7 @@ type holding struct {
 	rev       uint64 // revision of this node's last successful write of the entry
 	renewedAt int64  // send instant of the last successful claim or renewal
 	sentAt    int64  // send instant of the outstanding write
+	retryAt   int64  // a renewal that failed is not sent again before this instant
 }
 
 type shardOpKind uint8
@@ -228,6 +229,7 @@ type shardCore struct {
 
 	lastBeat  int64 // send instant of the last heartbeat; 0 = never
 	beating   bool
+	beatAfter int64 // a heartbeat that failed is not sent again before this instant
 	lostParts []int
 	live      []string // scratch
 
@@ -341,7 +343,7 @@ func (c *shardCore) holds(n int) bool {
 // tick returns the operations to issue at now.
 func (c *shardCore) tick(now int64) []shardOp {
 	var ops []shardOp
-	if !c.leaving && !c.beating && (c.lastBeat == 0 || now-c.lastBeat >= c.lease/3) {
+	if !c.leaving && !c.beating && now >= c.beatAfter && (c.lastBeat == 0 || now-c.lastBeat >= c.lease/3) {
 		c.beating = true
 		ops = append(ops, shardOp{kind: opHeartbeat, at: now})
 	}
@@ -383,7 +385,7 @@ func (c *shardCore) tick(now int64) []shardOp {
 				h.state = holdReleasing
 				c.releases++
 				ops = append(ops, shardOp{kind: opRelease, part: n, rev: h.rev, at: now})
-			case now-h.renewedAt >= c.lease/3:
+			case now-h.renewedAt >= c.lease/3 && now >= h.retryAt:
 				h.state = holdRenewing
 				h.sentAt = now
 				ops = append(ops, shardOp{kind: opRenew, part: n, rev: h.rev, epoch: h.epoch, at: now})
@@ -473,6 +475,31 @@ func (c *shardCore) renewed(op shardOp, rev uint64, err error, conflict bool, no
 		c.lose(op.part)
 	default:
 		h.state = holdOwned
+		h.retryAt = now + c.retryPause()
+	}
+}
+
+// retryPause is the pause after a failed renewal or heartbeat before the
+// next: the runner ticks the core after every result, and a write that
+// fails at once (a closed connection) was sent again at once, in a loop
+// that took a core (seen in TestJournalClaimerKilled: two dead nodes'
+// loops slowed the live one's writes until its renewals timed out).
+func (c *shardCore) retryPause() int64 { return c.lease / 16 }
+
+// renewLanded reports an opRenew that came back as a conflict although it
+// had landed: the entry at rev names this node in op's epoch (a renewal
+// whose acknowledgement was lost, then sent again with the old revision).
+// The partition stays held; the lease still counts from the last renewal
+// known to have landed (the one that landed unseen was sent after it), so
+// the next tick renews again, over rev.
+func (c *shardCore) renewLanded(op shardOp, rev uint64, now int64) {
+	h := &c.mine[op.part]
+	if h.state != holdRenewing || h.epoch != op.epoch {
+		return
+	}
+	h.state, h.rev = holdOwned, rev
+	if rev > c.obs[op.part].rev {
+		c.obs[op.part] = partObs{exists: true, node: c.self, epoch: h.epoch, rev: rev, seen: now}
 	}
 }
 
@@ -504,7 +531,9 @@ func (c *shardCore) beat(op shardOp, err error) {
 	c.beating = false
 	if err == nil {
 		c.lastBeat = op.at
+		return
 	}
+	c.beatAfter = op.at + c.retryPause()
 }
 
 // settled reports whether every partition is held by this node or owned by

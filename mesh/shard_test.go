@@ -768,3 +768,118 @@ func TestShardClaimBackoff(t *testing.T) {
 		t.Fatalf("after a claim that landed: %d failures, pause until %d; want none", c.claimFails[0], c.claimAfter[0])
 	}
 }
+
+// heldCore returns a core of node "a" (the only live node) holding
+// partition 0 of parts, claimed at now in epoch 7, and the claim's op.
+func heldCore(t *testing.T, parts int, lease, now int64) *shardCore {
+	t.Helper()
+	c := newShardCore("a", parts, lease)
+	c.observeNode("a", 1, false, now)
+	got := opsOf(c.tick(now), 0)
+	if len(got) != 1 || got[0].kind != opClaim {
+		t.Fatalf("first tick: ops %+v, want a claim", got)
+	}
+	c.claimed(got[0], 7, nil, now)
+	return c
+}
+
+// TestShardRetryPause: a renewal or heartbeat that fails is not sent again
+// before retryPause (the runner ticks after every result: a write failing
+// at once was a busy loop), and is sent again after it, while the lease
+// lasts.
+func TestShardRetryPause(t *testing.T) {
+	const parts, lease, pause = 2, 3200, 3200 / 16
+	now := int64(1)
+	c := heldCore(t, parts, lease, now)
+	c.beat(shardOp{kind: opHeartbeat, at: now}, nil)
+	renewals := func(at int64) []shardOp {
+		var out []shardOp
+		for _, op := range c.tick(at) {
+			switch {
+			case op.kind == opHeartbeat:
+				c.beat(op, nil)
+			case op.kind == opRenew && op.part == 0:
+				out = append(out, op)
+			}
+		}
+		return out
+	}
+	now += lease / 3
+	got := renewals(now)
+	if len(got) != 1 || got[0].rev != 7 || got[0].epoch != 7 {
+		t.Fatalf("after lease/3: renewals %+v, want one over revision 7", got)
+	}
+	for i := range 3 {
+		c.renewed(got[0], 0, errors.New("nats: connection closed"), false, now)
+		if got = renewals(now + pause - 1); len(got) != 0 {
+			t.Fatalf("failure %d: renewed again before the pause: %+v", i+1, got)
+		}
+		if _, ok := c.serving(0, now); !ok {
+			t.Fatalf("failure %d: not serving within the lease", i+1)
+		}
+		now += pause
+		if got = renewals(now); len(got) != 1 || got[0].rev != 7 {
+			t.Fatalf("failure %d: renewals after the pause %+v, want one over revision 7", i+1, got)
+		}
+	}
+	c.renewed(got[0], 9, nil, false, now)
+	if got := renewals(now + 1); len(got) != 0 {
+		t.Fatalf("after a renewal that landed: renewals %+v, want none before lease/3", got)
+	}
+
+	beats := func(at int64) int {
+		n := 0
+		for _, op := range c.tick(at) {
+			if op.kind == opHeartbeat {
+				n++
+				if op.at != at {
+					t.Fatalf("heartbeat at %d sent with instant %d", at, op.at)
+				}
+			}
+		}
+		return n
+	}
+	now = c.lastBeat + lease/3
+	if beats(now) != 1 {
+		t.Fatal("no heartbeat after lease/3")
+	}
+	c.beat(shardOp{kind: opHeartbeat, at: now}, errors.New("nats: connection closed"))
+	if n := beats(now + pause - 1); n != 0 {
+		t.Fatalf("%d heartbeats before the pause after a failed one", n)
+	}
+	if beats(now+pause) != 1 {
+		t.Fatal("no heartbeat after the pause")
+	}
+}
+
+// TestShardRenewLanded: a renewal refused as a conflict with this node's
+// own earlier renewal (renewLanded, after the runner read the entry) keeps
+// the partition, with the lease still counted from the last renewal known
+// to have landed, and the next renewal goes over the revision read; a
+// conflict otherwise loses it.
+func TestShardRenewLanded(t *testing.T) {
+	const parts, lease = 2, 3200
+	now := int64(1)
+	c := heldCore(t, parts, lease, now)
+	now += lease / 3
+	op := opsOf(c.tick(now), 0)
+	if len(op) != 1 || op[0].kind != opRenew {
+		t.Fatalf("after lease/3: ops %+v, want a renewal", op)
+	}
+	c.renewLanded(op[0], 12, now)
+	if !c.holds(0) || c.mine[0].rev != 12 || c.mine[0].renewedAt != 1 {
+		t.Fatalf("after renewLanded: %+v, want held at revision 12, renewed at 1", c.mine[0])
+	}
+	op = opsOf(c.tick(now), 0)
+	if len(op) != 1 || op[0].kind != opRenew || op[0].rev != 12 || op[0].epoch != 7 {
+		t.Fatalf("next tick: ops %+v, want a renewal of epoch 7 over revision 12", op)
+	}
+	c.renewLanded(shardOp{kind: opRenew, part: 0, rev: 12, epoch: 8}, 13, now) // another epoch: ignored
+	if c.mine[0].state != holdRenewing || c.mine[0].rev != 12 {
+		t.Fatalf("renewLanded of another epoch changed the holding: %+v", c.mine[0])
+	}
+	c.renewed(op[0], 0, errSimConflict, true, now)
+	if c.holds(0) || len(c.takeLost()) != 1 {
+		t.Fatalf("a conflict: %+v, want the partition lost", c.mine[0])
+	}
+}

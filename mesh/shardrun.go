@@ -35,6 +35,7 @@ type shardResult struct {
 	rev      uint64
 	err      error
 	conflict bool
+	landed   bool                    // an opRenew conflict that was this node's own renewal (renewLanded)
 	entry    jetstream.KeyValueEntry // a verify read (op.kind == 0)
 }
 
@@ -190,7 +191,11 @@ func (s *shardRunner) apply(r shardResult) {
 			s.log.Warn("partition claim failed", "partition", r.op.part, "error", r.err.Error())
 		}
 	case opRenew:
-		s.core.renewed(r.op, r.rev, r.err, r.conflict, now)
+		if r.landed {
+			s.core.renewLanded(r.op, r.rev, now)
+		} else {
+			s.core.renewed(r.op, r.rev, r.err, r.conflict, now)
+		}
 		if j := s.n.journal; j != nil && r.err == nil {
 			j.renewed(r.op.part)
 		}
@@ -286,6 +291,13 @@ func (s *shardRunner) do(ctx context.Context, op shardOp) {
 		r.rev, r.err = s.claim(ctx, op, key, opTimeout)
 	case opRenew:
 		r.rev, r.err = s.kv.Update(opCtx, key, appendPartValue(nil, partValue{Node: s.core.self, Epoch: op.epoch}), op.rev)
+		if errors.Is(r.err, jetstream.ErrKeyRevisionMismatch) {
+			vctx, cancel := context.WithTimeout(ctx, opTimeout)
+			if rev, ok := s.ownRenewal(vctx, key, op); ok {
+				r.rev, r.err, r.landed = rev, nil, true
+			}
+			cancel()
+		}
 	case opRelease:
 		s.drain(ctx, op.part)
 		if j := s.n.journal; j != nil {
@@ -316,6 +328,26 @@ func (s *shardRunner) do(ctx context.Context, op shardOp) {
 	case s.results <- r:
 	case <-ctx.Done():
 	}
+}
+
+// ownRenewal reads the entry of a renewal refused as a conflict: if it
+// names this node in op's epoch at a revision after op.rev, the conflict
+// was with a renewal of this node's own whose acknowledgement was lost (a
+// timeout under load; seen in TestJournalClaimerKilled, where the node then
+// gave up partitions nobody else had claimed). Only this node writes its
+// name with that epoch; a claim by another node names that node, and a
+// read that lags shows op.rev or older.
+func (s *shardRunner) ownRenewal(ctx context.Context, key string, op shardOp) (uint64, bool) {
+	e, err := s.kv.Get(ctx, key)
+	if err != nil || e.Revision() <= op.rev {
+		return 0, false
+	}
+	v, err := decodePartValue(e.Value())
+	if err != nil || v.Node != s.core.self || v.Epoch != op.epoch {
+		return 0, false
+	}
+	s.log.Debug("renewal refused, but an earlier one landed", "partition", op.part, "revision", e.Revision())
+	return e.Revision(), true
 }
 
 // claim appends the tenure marker the claim needs (see journalStore.marker),

@@ -428,15 +428,24 @@ func (j *journalStore) GetAsync(key string, timeout time.Duration, done func([]b
 
 // getFloor reads key from the state bucket with a freshness floor (see
 // adopt), again after floorRetry while the replica answering is behind it,
-// until deadline.
+// until deadline. A read that fails after earlier ones were answered
+// behind the floor (the last one ran out of time: seen on a loaded
+// machine) reports that staleness, the cause.
 func (j *journalStore) getFloor(key string, floor uint64, deadline time.Time, done func([]byte, uint64, error)) {
+	j.getFloorAfter(key, floor, deadline, nil, done)
+}
+
+func (j *journalStore) getFloorAfter(key string, floor uint64, deadline time.Time, stale error, done func([]byte, uint64, error)) {
 	j.under.GetAsyncFloor(key, j.floorKey, floor, time.Until(deadline), func(val []byte, rev uint64, err error) {
-		if errors.Is(err, kvstate.ErrStale) && time.Until(deadline) > floorRetry {
-			time.AfterFunc(floorRetry, func() { j.getFloor(key, floor, deadline, done) })
-			return
-		}
 		if errors.Is(err, kvstate.ErrStale) {
-			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+			if time.Until(deadline) > floorRetry {
+				time.AfterFunc(floorRetry, func() { j.getFloorAfter(key, floor, deadline, err, done) })
+				return
+			}
+			stale = err
+		}
+		if stale != nil && (errors.Is(err, kvstate.ErrStale) || errors.Is(err, context.DeadlineExceeded)) {
+			val, rev, err = nil, 0, fmt.Errorf("%w: %w", ErrUnavailable, stale)
 		}
 		done(val, rev, err)
 	})

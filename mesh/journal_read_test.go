@@ -286,7 +286,7 @@ func TestJournalFloorRead(t *testing.T) {
 	}
 	j.floors[p].seq += 1000 // the replica answering is behind the floor
 	start := time.Now()
-	if val, _, err := get(100 * time.Millisecond); !errors.Is(err, ErrUnavailable) || !errors.Is(err, kvstate.ErrStale) || val != nil {
+	if val, _, err := get(300 * time.Millisecond); !errors.Is(err, ErrUnavailable) || !errors.Is(err, kvstate.ErrStale) || val != nil {
 		t.Fatalf("floor read on a replica behind the floor: %q %v, want ErrUnavailable wrapping ErrStale", val, err)
 	}
 	if d := time.Since(start); d < 50*time.Millisecond {

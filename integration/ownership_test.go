@@ -391,41 +391,10 @@ func TestDeposedOwnerFenced(t *testing.T) {
 // reports it, which that stale leader answered too). Nothing spent before
 // is forgotten.
 func TestClaimBackOwnEntry(t *testing.T) {
-	e := server(t, t.TempDir())
-	n := meshNodes(t, []*mesh.Embedded{e}, 1)[0]
-	desc := map[string]string{"tenant": "back"}
-	p := n.node.PartitionOf(slowKey("back"))
-	if r := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":10`)); !r.Allowed {
-		t.Fatalf("first spend: %+v", r)
-	}
-	epoch := n.node.Epoch(p)
-	js, _ := jetstream.New(n.nc)
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	defer cancel()
-	shards, err := js.KeyValue(ctx, "rl_shards")
-	if err != nil {
-		t.Fatal(err)
-	}
-	partKey := "part." + strconv.Itoa(p)
-	own := fmt.Appendf(nil, `{"node":%q}`, n.node.ID())
-	waitFor(t, "an entry naming the owner written", func() bool {
-		cur, err := shards.Get(ctx, partKey)
-		if err != nil {
-			return false
-		}
-		_, err = shards.Update(ctx, partKey, own, cur.Revision())
-		return err == nil
-	})
-	waitFor(t, "partition claimed back", func() bool { return n.node.Owns(p) && n.node.Epoch(p) > epoch })
-	if v := metricValue(t, n, `limitmesh_ownership_changes_total{change="lost"}`); v != 1 {
-		t.Fatalf("lost changes = %v, want 1", v)
-	}
-	if got := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":30`)); !got.Allowed || got.Remaining >= 1 {
-		t.Fatalf("after the claim-back: %+v, want 30 of the 30 left admitted", got)
-	}
-	if got := decide(t, n.nc, "rl.v1.decide", req(desc, "")); got.Allowed {
-		t.Fatalf("after the claim-back: %+v admitted beyond the 40 units", got)
-	}
+	o := spendOnOwner(t, "back")
+	o.overwrite(t, "an entry naming the owner written", fmt.Appendf(nil, `{"node":%q}`, o.n.node.ID()))
+	waitFor(t, "partition claimed back", func() bool { return o.n.node.Owns(o.p) && o.n.node.Epoch(o.p) > o.epoch })
+	o.checkRest(t, 1, "after the claim-back")
 }
 
 // TestRenewalLandedUnseen: an owner whose renewal landed but whose
@@ -436,47 +405,79 @@ func TestClaimBackOwnEntry(t *testing.T) {
 // TestJournalClaimerKilled: a loaded node gave up a dozen partitions nobody
 // else claimed).
 func TestRenewalLandedUnseen(t *testing.T) {
+	o := spendOnOwner(t, "unseen")
+	written := o.overwrite(t, "the owner's renewal written again", fmt.Appendf(nil, `{"node":%q,"epoch":%d}`, o.n.node.ID(), o.epoch))
+	waitFor(t, "the owner renews over the entry", func() bool {
+		cur, err := o.shards.Get(o.ctx, o.partKey)
+		return err == nil && cur.Revision() > written
+	})
+	if !o.n.node.Owns(o.p) || o.n.node.Epoch(o.p) != o.epoch {
+		t.Fatalf("owns %v in epoch %d, want the partition kept in epoch %d", o.n.node.Owns(o.p), o.n.node.Epoch(o.p), o.epoch)
+	}
+	o.checkRest(t, 0, "after the renewal")
+}
+
+// ownerSpent is a one-node mesh whose node owns partition p (in epoch) of
+// a slowPolicy key of which 10 of 40 units are spent.
+type ownerSpent struct {
+	n       *testNode
+	desc    map[string]string
+	p       int
+	epoch   uint64
+	ctx     context.Context
+	shards  jetstream.KeyValue
+	partKey string
+}
+
+func spendOnOwner(t *testing.T, tenant string) *ownerSpent {
+	t.Helper()
 	e := server(t, t.TempDir())
-	n := meshNodes(t, []*mesh.Embedded{e}, 1)[0]
-	desc := map[string]string{"tenant": "unseen"}
-	p := n.node.PartitionOf(slowKey("unseen"))
-	if r := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":10`)); !r.Allowed {
+	o := &ownerSpent{n: meshNodes(t, []*mesh.Embedded{e}, 1)[0], desc: map[string]string{"tenant": tenant}}
+	o.p = o.n.node.PartitionOf(slowKey(tenant))
+	if r := decide(t, o.n.nc, "rl.v1.decide", req(o.desc, `"cost":10`)); !r.Allowed {
 		t.Fatalf("first spend: %+v", r)
 	}
-	epoch := n.node.Epoch(p)
-	js, _ := jetstream.New(n.nc)
+	o.epoch = o.n.node.Epoch(o.p)
+	js, _ := jetstream.New(o.n.nc)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	defer cancel()
-	shards, err := js.KeyValue(ctx, "rl_shards")
-	if err != nil {
+	t.Cleanup(cancel)
+	o.ctx = ctx
+	var err error
+	if o.shards, err = js.KeyValue(ctx, "rl_shards"); err != nil {
 		t.Fatal(err)
 	}
-	partKey := "part." + strconv.Itoa(p)
-	own := fmt.Appendf(nil, `{"node":%q,"epoch":%d}`, n.node.ID(), epoch)
+	o.partKey = "part." + strconv.Itoa(o.p)
+	return o
+}
+
+// overwrite writes val over the partition's entry with CAS (retrying over
+// the owner's renewals) and returns the revision written.
+func (o *ownerSpent) overwrite(t *testing.T, what string, val []byte) uint64 {
+	t.Helper()
 	var written uint64
-	waitFor(t, "the owner's renewal written again", func() bool {
-		cur, err := shards.Get(ctx, partKey)
+	waitFor(t, what, func() bool {
+		cur, err := o.shards.Get(o.ctx, o.partKey)
 		if err != nil {
 			return false
 		}
-		written, err = shards.Update(ctx, partKey, own, cur.Revision())
+		written, err = o.shards.Update(o.ctx, o.partKey, val, cur.Revision())
 		return err == nil
 	})
-	waitFor(t, "the owner renews over the entry", func() bool {
-		cur, err := shards.Get(ctx, partKey)
-		return err == nil && cur.Revision() > written
-	})
-	if !n.node.Owns(p) || n.node.Epoch(p) != epoch {
-		t.Fatalf("owns %v in epoch %d, want the partition kept in epoch %d", n.node.Owns(p), n.node.Epoch(p), epoch)
+	return written
+}
+
+// checkRest checks the losses counted and that the 30 units left, and no
+// more, are admitted.
+func (o *ownerSpent) checkRest(t *testing.T, lost float64, when string) {
+	t.Helper()
+	if v := metricValue(t, o.n, `limitmesh_ownership_changes_total{change="lost"}`); v != lost {
+		t.Fatalf("lost changes = %v, want %v", v, lost)
 	}
-	if v := metricValue(t, n, `limitmesh_ownership_changes_total{change="lost"}`); v != 0 {
-		t.Fatalf("lost changes = %v, want 0", v)
+	if got := decide(t, o.n.nc, "rl.v1.decide", req(o.desc, `"cost":30`)); !got.Allowed || got.Remaining >= 1 {
+		t.Fatalf("%s: %+v, want 30 of the 30 left admitted", when, got)
 	}
-	if got := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":30`)); !got.Allowed || got.Remaining >= 1 {
-		t.Fatalf("after the renewal: %+v, want 30 of the 30 left admitted", got)
-	}
-	if got := decide(t, n.nc, "rl.v1.decide", req(desc, "")); got.Allowed {
-		t.Fatalf("after the renewal: %+v admitted beyond the 40 units", got)
+	if got := decide(t, o.n.nc, "rl.v1.decide", req(o.desc, "")); got.Allowed {
+		t.Fatalf("%s: %+v admitted beyond the 40 units", when, got)
 	}
 }
 

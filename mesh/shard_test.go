@@ -770,7 +770,7 @@ func TestShardClaimBackoff(t *testing.T) {
 }
 
 // heldCore returns a core of node "a" (the only live node) holding
-// partition 0 of parts, claimed at now in epoch 7, and the claim's op.
+// partition 0 of parts, claimed at now in epoch 7.
 func heldCore(t *testing.T, parts int, lease, now int64) *shardCore {
 	t.Helper()
 	c := newShardCore("a", parts, lease)

@@ -438,9 +438,7 @@ func (c *shardCore) claimed(op shardOp, rev uint64, err error, now int64) {
 	c.claimFails[op.part], c.claimAfter[op.part] = 0, 0
 	*h = holding{state: holdOwned, epoch: rev, rev: rev, renewedAt: op.at}
 	c.claims++
-	if rev > c.obs[op.part].rev {
-		c.obs[op.part] = partObs{exists: true, node: c.self, epoch: rev, rev: rev, seen: now}
-	}
+	c.wrote(op.part, rev, rev, now)
 }
 
 // claimBackoff is the pause after the fails'th consecutive failed claim of
@@ -468,9 +466,7 @@ func (c *shardCore) renewed(op shardOp, rev uint64, err error, conflict bool, no
 	switch {
 	case err == nil:
 		h.state, h.rev, h.renewedAt = holdOwned, rev, op.at
-		if rev > c.obs[op.part].rev {
-			c.obs[op.part] = partObs{exists: true, node: c.self, epoch: h.epoch, rev: rev, seen: now}
-		}
+		c.wrote(op.part, h.epoch, rev, now)
 	case conflict:
 		c.lose(op.part)
 	default:
@@ -498,8 +494,14 @@ func (c *shardCore) renewLanded(op shardOp, rev uint64, now int64) {
 		return
 	}
 	h.state, h.rev = holdOwned, rev
-	if rev > c.obs[op.part].rev {
-		c.obs[op.part] = partObs{exists: true, node: c.self, epoch: h.epoch, rev: rev, seen: now}
+	c.wrote(op.part, h.epoch, rev, now)
+}
+
+// wrote records this node's own write of partition n's entry (in epoch,
+// at rev) as observed, unless the watcher reported a newer one already.
+func (c *shardCore) wrote(n int, epoch, rev uint64, now int64) {
+	if rev > c.obs[n].rev {
+		c.obs[n] = partObs{exists: true, node: c.self, epoch: epoch, rev: rev, seen: now}
 	}
 }
 

@@ -339,15 +339,24 @@ func (s *shardRunner) do(ctx context.Context, op shardOp) {
 // read that lags shows op.rev or older.
 func (s *shardRunner) ownRenewal(ctx context.Context, key string, op shardOp) (uint64, bool) {
 	e, err := s.kv.Get(ctx, key)
-	if err != nil || e.Revision() <= op.rev {
-		return 0, false
-	}
-	v, err := decodePartValue(e.Value())
-	if err != nil || v.Node != s.core.self || v.Epoch != op.epoch {
+	if err != nil || e.Revision() <= op.rev || !s.namesSelf(e, op.epoch) {
 		return 0, false
 	}
 	s.log.Debug("renewal refused, but an earlier one landed", "partition", op.part, "revision", e.Revision())
 	return e.Revision(), true
+}
+
+// namesSelf reports whether the shards entry e names this node in epoch
+// (a claim's epoch is its own revision).
+func (s *shardRunner) namesSelf(e jetstream.KeyValueEntry, epoch uint64) bool {
+	v, err := decodePartValue(e.Value())
+	if err != nil || v.Node != s.core.self {
+		return false
+	}
+	if v.Epoch == 0 {
+		return e.Revision() == epoch
+	}
+	return v.Epoch == epoch
 }
 
 // claim appends the tenure marker the claim needs (see journalStore.marker),
@@ -409,16 +418,8 @@ func (s *shardRunner) verify(ctx context.Context, p int) bool {
 		return true // cannot tell: a plain conflict (the CAS still protects the state)
 	}
 	slot := &s.n.router.slots[p]
-	if err == nil {
-		if v, derr := decodePartValue(e.Value()); derr == nil {
-			epoch := v.Epoch
-			if epoch == 0 {
-				epoch = e.Revision()
-			}
-			if v.Node == s.core.self && epoch == slot.epoch.Load() {
-				return true
-			}
-		}
+	if err == nil && s.namesSelf(e, slot.epoch.Load()) {
+		return true
 	}
 	slot.until.Store(0)
 	if e != nil {

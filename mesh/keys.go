@@ -38,6 +38,7 @@ type keyEntry struct {
 	o        *owner
 	running  bool
 	lastUsed int64 // ns
+	gone     bool  // removed from the key table (a memo's hint to it is stale)
 }
 
 // keyTable maps limit keys to their entries. Idle entries are swept; a
@@ -93,7 +94,7 @@ func (t *keyTable) sweep(ctx context.Context, clock func() time.Time, idle time.
 		for k, e := range t.m {
 			e.mu.Lock()
 			if !e.running && e.o.idle() && e.lastUsed < cutoff {
-				delete(t.m, k)
+				t.removeLocked(k, e)
 			}
 			e.mu.Unlock()
 		}
@@ -101,25 +102,50 @@ func (t *keyTable) sweep(ctx context.Context, clock func() time.Time, idle time.
 	}
 }
 
+// removeLocked removes key's entry e from the table; the caller holds
+// t.mu and e.mu.
+func (t *keyTable) removeLocked(key string, e *keyEntry) {
+	e.gone = true
+	delete(t.m, key)
+}
+
 // submit hands c to key's owner and starts a runner if none is active.
 // A local-mode call is decided at once by this node's local table; an
 // async call is decided at once when its owner can (owner.decideInline).
-func (n *Node) submit(key string, c *call, now int64) {
+// hint, when not nil, caches key's entry for the next call (a memo entry's,
+// memo.go): it is used while the entry is still in the table, and set
+// whenever the table is looked up.
+func (n *Node) submit(key string, c *call, now int64, hint *atomic.Pointer[keyEntry]) {
 	t := n.keys
 	if c.policy.Mode == policies.ModeLocal {
 		t.local.decide(n.policies, key, c, now)
 		c.done.finish(c)
 		return
 	}
-	t.mu.Lock()
-	e := t.m[key]
-	if e == nil {
-		e = &keyEntry{o: newOwner(n.policies, n.cfg.MaxConflicts, int64(n.cfg.StateTTL))}
-		e.o.blind = t.blindScore.Load() > 0
-		t.m[key] = e
+	var e *keyEntry
+	if hint != nil {
+		if e = hint.Load(); e != nil {
+			e.mu.Lock()
+			if e.gone {
+				e.mu.Unlock()
+				e = nil
+			}
+		}
 	}
-	e.mu.Lock()
-	t.mu.Unlock()
+	if e == nil {
+		t.mu.Lock()
+		e = t.m[key]
+		if e == nil {
+			e = &keyEntry{o: newOwner(n.policies, n.cfg.MaxConflicts, int64(n.cfg.StateTTL))}
+			e.o.blind = t.blindScore.Load() > 0
+			t.m[key] = e
+		}
+		e.mu.Lock()
+		t.mu.Unlock()
+		if hint != nil {
+			hint.Store(e)
+		}
+	}
 	e.lastUsed = now
 	if ok, arm := e.o.decideInline(c, now); ok {
 		e.mu.Unlock()

@@ -127,6 +127,7 @@ type Node struct {
 	store    kvstate.Store
 	keys     *keyTable
 	routed   sync.Pool     // *routed values, recycled once answered
+	memo     reqMemo       // decide bodies seen lately (memo.go)
 	router   *router       // nil in offline unit tests: every key is decided here
 	shards   *shardRunner  // nil before Start
 	journal  *journalStore // nil before Start and with NoJournal

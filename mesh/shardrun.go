@@ -464,7 +464,7 @@ func (n *Node) dropPartitionKeys(p int) {
 		}
 		e.mu.Lock()
 		if !e.running && e.o.idle() {
-			delete(t.m, k)
+			t.removeLocked(k, e)
 		}
 		e.mu.Unlock()
 	}

@@ -187,17 +187,36 @@ type pendingOp struct {
 	floor    *floorRead                  // a read with a freshness floor (GetAsyncFloor)
 }
 
-// floorRead is the state of a GetAsyncFloor read: its answer is several
-// messages (the last message of each subject asked for, then an
-// end-of-batch), gathered by the inbox handler.
+// floorRead is the state of a GetAsyncFloor or GetManyAsyncFloor read:
+// its answer is several messages (the last message of each subject asked
+// for, then an end-of-batch), gathered by the inbox handler.
 type floorRead struct {
-	subj  string // the key's subject
+	subj  string // the key's subject (GetAsyncFloor)
 	floor uint64
 	val   []byte
 	rev   uint64
 	found bool // the key's message came (rev: its sequence)
 	gone  bool // ... and it is a delete, purge or TTL marker
+
+	// GetManyAsyncFloor: the index of each key's subject in recs, and the
+	// callback (op.onGet is nil).
+	want   map[string]int
+	recs   []KeyRecord
+	bad    bool // a key's message came without a valid sequence
+	onMany func([]KeyRecord, error)
 }
+
+// KeyRecord is one key's latest record as [JetStreamStore.GetManyAsyncFloor]
+// found it.
+type KeyRecord struct {
+	Value []byte
+	Rev   uint64 // the record's revision; a marker's for a deleted key; 0: no message
+	Live  bool   // a value, not a delete, purge or TTL marker (nor no message)
+}
+
+// MaxManyKeys is the most keys one GetManyAsyncFloor reads (a direct get
+// answers at most 1024 messages).
+const MaxManyKeys = 512
 
 type deadlineEntry struct {
 	at int64 // mono ns
@@ -331,6 +350,14 @@ func (s *JetStreamStore) answer(m *nats.Msg) {
 // complete calls op's callback with the answer data or the transport
 // error err.
 func (s *JetStreamStore) complete(op *pendingOp, data []byte, err error) {
+	if f := op.floor; f != nil && f.onMany != nil {
+		// Only failures come here (answerFloor completes the rest).
+		if err == nil {
+			err = errors.New("unexpected answer")
+		}
+		f.onMany(nil, fmt.Errorf("kvstate: get %d keys: %w", len(f.recs), err))
+		return
+	}
 	if op.onGet != nil {
 		if err != nil {
 			op.onGet(nil, 0, fmt.Errorf("kvstate: get %q: %w", op.key, err))
@@ -466,9 +493,53 @@ func (s *JetStreamStore) GetAsyncFloor(key, floorKey string, floor uint64, timeo
 	}
 }
 
+// GetManyAsyncFloor reads keys (at most MaxManyKeys, no duplicates) like
+// GetAsyncFloor, in one direct get of the last messages of every key and
+// floorKey: done gets each key's record, in the order of keys, from a
+// replica holding the stream up to floor, or an error (ErrStale when the
+// replica that answered is behind floor). An answer cut short (the
+// end-of-batch counts messages not sent) is an error, never a key
+// reported absent.
+func (s *JetStreamStore) GetManyAsyncFloor(keys []string, floorKey string, floor uint64, timeout time.Duration, done func([]KeyRecord, error)) {
+	f := &floorRead{floor: floor, want: make(map[string]int, len(keys)), recs: make([]KeyRecord, len(keys)), onMany: done}
+	subjs := make([]string, 0, len(keys)+1)
+	for i, k := range keys {
+		f.want[s.keyPre+k] = i
+		subjs = append(subjs, s.keyPre+k)
+	}
+	subjs = append(subjs, s.keyPre+floorKey)
+	var err error
+	switch {
+	case len(keys) == 0 || len(keys) > MaxManyKeys:
+		err = fmt.Errorf("%d keys, 1..%d", len(keys), MaxManyKeys)
+	case len(f.want) != len(keys):
+		err = errors.New("a key asked for twice")
+	}
+	var req []byte
+	if err == nil {
+		req, err = json.Marshal(struct {
+			Multi []string `json:"multi_last"`
+		}{subjs})
+	}
+	if err == nil {
+		var reply string
+		if reply, err = s.register(&pendingOp{key: keys[0], floor: f}, timeout); err == nil {
+			if err = s.nc.PublishRequest(s.dirSub, reply, req); err != nil {
+				if s.pipe.take(s.parseID(reply)) == nil {
+					return
+				}
+			}
+		}
+	}
+	if err != nil {
+		go done(nil, fmt.Errorf("kvstate: get %d keys: %w", len(keys), err))
+	}
+}
+
 // answerFloor handles message m answering operation id if that is a
-// GetAsyncFloor read (then it reports true): it gathers the key's message
-// and completes the read on the end-of-batch or an error status.
+// GetAsyncFloor or GetManyAsyncFloor read (then it reports true): it
+// gathers the keys' messages and completes the read on the end-of-batch or
+// an error status.
 func (s *JetStreamStore) answerFloor(id uint64, m *nats.Msg) bool {
 	p := &s.pipe
 	p.mu.Lock()
@@ -479,6 +550,19 @@ func (s *JetStreamStore) answerFloor(id uint64, m *nats.Msg) bool {
 	}
 	f := op.floor
 	status := m.Header.Get("Status")
+	if status == "" && f.want != nil {
+		if i, ok := f.want[m.Header.Get(jetstream.SubjectHeader)]; ok {
+			r := &f.recs[i]
+			r.Rev, _ = strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+			f.bad = f.bad || r.Rev == 0
+			kvOp := m.Header.Get("KV-Operation")
+			r.Live = !(kvOp == "DEL" || kvOp == "PURGE" || m.Header.Get("Nats-Marker-Reason") != "")
+			if r.Live {
+				r.Value = m.Data
+			}
+		}
+		return true
+	}
 	if status == "" {
 		if m.Header.Get(jetstream.SubjectHeader) == f.subj {
 			f.rev, _ = strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
@@ -492,6 +576,9 @@ func (s *JetStreamStore) answerFloor(id uint64, m *nats.Msg) bool {
 		return true // timed out meanwhile
 	}
 	fail := func(err error) { op.onGet(nil, 0, fmt.Errorf("kvstate: get %q: %w", op.key, err)) }
+	if f.want != nil {
+		fail = func(err error) { f.onMany(nil, fmt.Errorf("kvstate: get %d keys: %w", len(f.recs), err)) }
+	}
 	switch status {
 	case "204": // end of batch
 		upto, err := strconv.ParseUint(m.Header.Get("Nats-UpTo-Sequence"), 10, 64)
@@ -500,6 +587,12 @@ func (s *JetStreamStore) answerFloor(id uint64, m *nats.Msg) bool {
 			fail(fmt.Errorf("end of batch without the replica's sequence"))
 		case upto < f.floor:
 			fail(fmt.Errorf("replica at sequence %d, floor %d: %w", upto, f.floor, ErrStale))
+		case f.want != nil && m.Header.Get("Nats-Num-Pending") != "0":
+			fail(fmt.Errorf("answer cut short (%s messages not sent)", m.Header.Get("Nats-Num-Pending")))
+		case f.want != nil && f.bad:
+			fail(fmt.Errorf("direct get answer without its sequence"))
+		case f.want != nil:
+			f.onMany(f.recs, nil)
 		case !f.found:
 			op.onGet(nil, 0, ErrNotFound)
 		case f.rev == 0:

@@ -257,6 +257,85 @@ func TestJetStreamStoreFloorRead(t *testing.T) {
 	}
 }
 
+// TestJetStreamStoreManyFloorRead: one direct get reads many keys with a
+// freshness floor: each key's record (live, deleted, absent) in the order
+// asked; a floor above the stream's end is ErrStale for the whole read;
+// more than MaxManyKeys keys, none, or a key twice are refused.
+func TestJetStreamStoreManyFloorRead(t *testing.T) {
+	js, kv := jsBucket(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := NewJetStreamStore(ctx, js, "st")
+	if err != nil {
+		t.Fatal(err)
+	}
+	revK, err := kv.Put(ctx, "k", []byte("v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "gone", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	revJ, err := kv.Put(ctx, "j", []byte("v2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	floor, err := kv.Put(ctx, "_floor", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		recs []KeyRecord
+		err  error
+	}
+	read := func(keys []string, floor uint64) res {
+		t.Helper()
+		ch := make(chan res, 1)
+		s.GetManyAsyncFloor(keys, "_floor", floor, 5*time.Second, func(r []KeyRecord, err error) { ch <- res{r, err} })
+		select {
+		case r := <-ch:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatalf("GetManyAsyncFloor(%q) never answered", keys)
+			return res{}
+		}
+	}
+	r := read([]string{"never", "k", "gone", "j"}, floor)
+	if r.err != nil || len(r.recs) != 4 {
+		t.Fatalf("read: %d records, %v", len(r.recs), r.err)
+	}
+	if rec := r.recs[0]; rec.Live || rec.Rev != 0 || rec.Value != nil {
+		t.Fatalf("absent key: %+v", rec)
+	}
+	if rec := r.recs[1]; !rec.Live || rec.Rev != revK || string(rec.Value) != "v1" {
+		t.Fatalf("k: %+v, want v1 at %d", rec, revK)
+	}
+	if rec := r.recs[2]; rec.Live || rec.Rev == 0 || rec.Rev >= revJ || rec.Value != nil {
+		t.Fatalf("deleted key: %+v, want its marker's revision", rec)
+	}
+	if rec := r.recs[3]; !rec.Live || rec.Rev != revJ || string(rec.Value) != "v2" {
+		t.Fatalf("j: %+v, want v2 at %d", rec, revJ)
+	}
+	if r := read([]string{"k", "never"}, floor+1); !errors.Is(r.err, ErrStale) || r.recs != nil {
+		t.Fatalf("floor above the stream's end: %v, want ErrStale", r.err)
+	}
+	many := make([]string, MaxManyKeys)
+	for i := range many {
+		many[i] = "m" + strconv.Itoa(i)
+	}
+	if r := read(many, floor); r.err != nil || len(r.recs) != MaxManyKeys || r.recs[MaxManyKeys-1].Live {
+		t.Fatalf("%d absent keys: %d records, %v", MaxManyKeys, len(r.recs), r.err)
+	}
+	for _, keys := range [][]string{append(many, "k"), nil, {"k", "k"}} {
+		if r := read(keys, floor); r.err == nil {
+			t.Fatalf("%d keys (%v...): no error", len(keys), keys[:min(len(keys), 2)])
+		}
+	}
+}
+
 func TestJetStreamStoreAsyncFailures(t *testing.T) {
 	js, _ := jsBucket(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -166,10 +167,15 @@ type journalStore struct {
 	floorKey string
 	// kvHigh is the highest sequence of this node's writes to the state
 	// bucket that it knows of: a floor read must see them too.
-	kvHigh  uint64
-	pending []*journalWrite
-	last    uint64 // the last sequence of subj this node knows of
-	mark    uint64 // batches up to it are checkpointed
+	kvHigh uint64
+	// checks are writes of keys new to this node (expected revision 0)
+	// waiting for their check against the state bucket; checking is set
+	// while one check of a batch of them is out (checkAbsent).
+	checks   []*journalWrite
+	checking bool
+	pending  []*journalWrite
+	last     uint64 // the last sequence of subj this node knows of
+	mark     uint64 // batches up to it are checkpointed
 
 	// readLock (capacity 1) serializes journal reads of adoptions; a
 	// waiter gives up when its context ends (a read stalls while the
@@ -184,6 +190,7 @@ type journalStore struct {
 	ckMu sync.Mutex // one checkpoint at a time (a key is written by one)
 
 	appends, records, checkpoints atomic.Int64
+	checkReads                    atomic.Int64 // batched key checks sent (checkAbsent)
 }
 
 // journalRead is what was read of another node's journal (cached for
@@ -301,6 +308,10 @@ func (n *Node) startJournal(ctx, bgctx context.Context, js jetstream.JetStream, 
 			Name: "limitmesh_journal_records_total",
 			Help: "Key records this node committed through its state journal.",
 		}, func() float64 { return float64(j.records.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "limitmesh_journal_key_checks_total",
+			Help: "Batched reads of the state bucket checking that keys new to this node have no record there (each checks up to 512 keys).",
+		}, func() float64 { return float64(j.checkReads.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "limitmesh_checkpoint_writes_total",
 			Help: "Journalled key records this node checkpointed to the state bucket.",
@@ -519,19 +530,19 @@ func (j *journalStore) UpdateAsync(key string, value []byte, rev uint64, timeout
 		j.mu.Unlock()
 		go done(0, kvstate.ErrConflict)
 		return
+	case rev == 0 && j.floors != nil && j.floors[w.part].seq != 0:
+		// Checked with other new keys in one floor read (checkAbsent).
+		j.checks = append(j.checks, w)
+		start := !j.checking
+		j.checking = true
+		j.mu.Unlock()
+		if start {
+			j.checkAbsent()
+		}
+		return
 	case rev == 0:
 		j.mu.Unlock()
-		j.under.GetAsync(key, timeout, func(_ []byte, r uint64, err error) {
-			switch {
-			case err == nil:
-				done(0, kvstate.ErrConflict)
-			case errors.Is(err, kvstate.ErrNotFound):
-				w.kvRev, w.kvKnown = r, true
-				j.enqueue(w)
-			default:
-				done(0, err)
-			}
-		})
+		j.checkAbsentOne(w)
 		return
 	case rev&journalRevBit == 0:
 		w.kvRev, w.kvKnown = rev&revSeqMask, true
@@ -540,6 +551,83 @@ func (j *journalStore) UpdateAsync(key string, value []byte, rev uint64, timeout
 	j.pending = append(j.pending, w)
 	j.mu.Unlock()
 	j.signal()
+}
+
+// checkAbsent checks the keys of the waiting new-key writes (j.checks)
+// against the state bucket, in batches of up to kvstate.MaxManyKeys keys,
+// one batch at a time (those that come meanwhile wait for the next), each
+// one floor read (GetManyAsyncFloor) from a replica holding every write
+// of the keys: the partitions' claim floors and this node's own writes.
+// A write whose key has a record there loses (ErrConflict); the others go
+// into the journal, expecting the key's marker revision (or none). A batch
+// whose read fails (a stale replica, a timeout) is checked write by write
+// with leader reads, as without batches. Where a key is new to the node
+// (every key at first), this is one read per batch rather than one per key.
+func (j *journalStore) checkAbsent() {
+	j.mu.Lock()
+	n := min(len(j.checks), kvstate.MaxManyKeys)
+	if n == 0 {
+		j.checking = false
+		j.mu.Unlock()
+		return
+	}
+	batch := slices.Clone(j.checks[:n])
+	rest := copy(j.checks, j.checks[n:])
+	clear(j.checks[rest:])
+	j.checks = j.checks[:rest]
+	floor := j.kvHigh
+	latest := batch[0].deadline
+	keys := make([]string, len(batch))
+	for i, w := range batch {
+		floor = max(floor, j.floors[w.part].seq)
+		latest = later(latest, w.deadline)
+		keys[i] = w.key
+	}
+	j.mu.Unlock()
+	j.checkReads.Add(1)
+	j.under.GetManyAsyncFloor(keys, j.floorKey, floor, time.Until(latest), func(recs []kvstate.KeyRecord, err error) {
+		if err != nil {
+			j.n.log.Debug("journal: batched key check failed, checking one by one", "keys", len(batch), "error", err.Error())
+			for _, w := range batch {
+				j.checkAbsentOne(w)
+			}
+		} else {
+			absent := make([]*journalWrite, 0, len(batch))
+			for i, w := range batch {
+				if recs[i].Live {
+					w.done(0, kvstate.ErrConflict)
+					continue
+				}
+				w.kvRev, w.kvKnown = recs[i].Rev, true
+				absent = append(absent, w)
+			}
+			if len(absent) > 0 {
+				j.enqueue(absent...)
+			}
+		}
+		j.checkAbsent()
+	})
+}
+
+// checkAbsentOne checks the key of new-key write w against the state
+// bucket with a leader read, then journals it or fails it.
+func (j *journalStore) checkAbsentOne(w *journalWrite) {
+	timeout := time.Until(w.deadline)
+	if timeout <= 0 {
+		w.done(0, fmt.Errorf("%w: journal write: %w", ErrUnavailable, context.DeadlineExceeded))
+		return
+	}
+	j.under.GetAsync(w.key, timeout, func(_ []byte, r uint64, err error) {
+		switch {
+		case err == nil:
+			w.done(0, kvstate.ErrConflict)
+		case errors.Is(err, kvstate.ErrNotFound):
+			w.kvRev, w.kvKnown = r, true
+			j.enqueue(w)
+		default:
+			w.done(0, err)
+		}
+	})
 }
 
 func (j *journalStore) enqueue(ws ...*journalWrite) {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -397,5 +399,108 @@ func TestJournalPinHoldsMark(t *testing.T) {
 	j.advanceMark(ctx)
 	if j.mark != 25 {
 		t.Fatalf("mark %d once the release was seen, want 25", j.mark)
+	}
+}
+
+// TestJournalNewKeyChecks: the first writes of keys new to the node are
+// checked against the state bucket together, one floor read per batch: an
+// absent key is journalled expecting no record, a deleted one expecting
+// its marker's revision, one with a record loses (ErrConflict). A batch
+// whose read fails (here: the floor is above the stream's end, as on a
+// replica behind it) is checked key by key with leader reads.
+func TestJournalNewKeyChecks(t *testing.T) {
+	_, kv, st := jsStateStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const parts = 64
+	j := &journalStore{n: &Node{cfg: NodeConfig{Partitions: parts}, log: slog.New(slog.DiscardHandler)},
+		under: st, kv: kv, timeout: time.Second, entries: make(map[string]*journalEntry),
+		gen: make([]uint64, parts), floors: make([]partFloor, parts), floorKey: journalFloorPrefix + "me",
+		owned: make([]bool, parts)}
+	if _, err := kv.Put(ctx, "p.new.k=exists", []byte("rec")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "p.new.k=gone", []byte("rec")); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(ctx, "p.new.k=gone"); err != nil {
+		t.Fatal(err)
+	}
+	floor, err := kv.Put(ctx, j.floorKey, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range parts {
+		j.owned[p] = true
+		j.floors[p] = partFloor{seq: floor, at: time.Now().UnixNano()}
+	}
+
+	var mu sync.Mutex
+	results := map[string]error{}
+	write := func(key string) {
+		j.UpdateAsync(key, []byte("x"), 0, 5*time.Second, func(_ uint64, err error) {
+			mu.Lock()
+			results[key] = err
+			mu.Unlock()
+		})
+	}
+	// A check is out: the writes wait for the next batch.
+	j.mu.Lock()
+	j.checking = true
+	j.mu.Unlock()
+	keys := []string{"p.new.k=exists", "p.new.k=gone"}
+	for i := range 100 {
+		keys = append(keys, fmt.Sprintf("p.new.k=%d", i))
+	}
+	for _, k := range keys {
+		write(k)
+	}
+	j.checkAbsent()
+	pending := waitPending(t, j, len(keys)-1)
+	if n := j.checkReads.Load(); n != 1 {
+		t.Fatalf("%d reads for %d new keys, want 1", n, len(keys))
+	}
+	mu.Lock()
+	if err := results["p.new.k=exists"]; !errors.Is(err, kvstate.ErrConflict) || len(results) != 1 {
+		t.Fatalf("key with a record: %v (%d results), want ErrConflict alone", err, len(results))
+	}
+	mu.Unlock()
+	for _, w := range pending {
+		if !w.kvKnown || (w.key == "p.new.k=gone") != (w.kvRev != 0) || w.kvRev >= floor {
+			t.Fatalf("%s journalled expecting revision %d (known %v)", w.key, w.kvRev, w.kvKnown)
+		}
+	}
+
+	// A batch read that fails: key by key.
+	j.mu.Lock()
+	j.pending = nil
+	for p := range parts {
+		j.floors[p].seq = floor + 1000
+	}
+	j.mu.Unlock()
+	write("p.new.k=a")
+	write("p.new.k=b")
+	waitPending(t, j, 2)
+	if n := j.checkReads.Load(); n < 2 {
+		t.Fatalf("%d batched reads", n)
+	}
+}
+
+// waitPending waits (bounded) until j has n writes pending and no check
+// out, and returns them.
+func waitPending(t *testing.T, j *journalStore, n int) []*journalWrite {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		j.mu.Lock()
+		got, checking := slices.Clone(j.pending), j.checking
+		j.mu.Unlock()
+		if len(got) == n && !checking {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writes pending (checking %v), want %d", len(got), checking, n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

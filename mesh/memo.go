@@ -17,8 +17,8 @@ import (
 // allocations of the key and the descriptor).
 //
 // It is exact: an entry is used only under the snapshot it was made with
-// (a policy change, which installs a new snapshot, empties the memo), and
-// only bodies that decoded and matched a policy are remembered, without a
+// (a policy change, which installs a new snapshot, empties the memo); only
+// bodies that decoded and matched a policy are remembered, without a
 // request_id (a retry's body is rarely seen twice) and at most
 // memoMaxBody bytes long. It is bounded: at most memoMaxEntries entries;
 // a put into a full memo first evicts one entry (the first a map walk
@@ -47,25 +47,30 @@ type reqMemo struct {
 	m    map[string]*memoEntry
 }
 
-// get returns the entry of body under snap.
+// get returns the entry of body under snap, or nil.
 func (m *reqMemo) get(body []byte, snap *policies.Snapshot) *memoEntry {
 	if len(body) > memoMaxBody {
 		return nil
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.snap != snap {
+		m.mu.Unlock()
 		return nil
 	}
-	return m.m[string(body)]
+	e := m.m[string(body)]
+	m.mu.Unlock()
+	return e
 }
 
-// put remembers e as body's entry under snap, if body and e qualify.
-func (m *reqMemo) put(body []byte, snap *policies.Snapshot, e *memoEntry) {
-	if len(body) > memoMaxBody || e.req.id != "" || e.p == nil {
-		return
+// put remembers what body yields under snap (req matched p, whose key is
+// key in partition part) and returns the new entry, or nil when body does
+// not qualify.
+func (m *reqMemo) put(body []byte, snap *policies.Snapshot, req request, p *policies.Policy, key string, part int) *memoEntry {
+	if len(body) > memoMaxBody || req.id != "" || p == nil {
+		return nil
 	}
-	e.req.desc = nil
+	req.desc = nil
+	e := &memoEntry{req: req, p: p, key: key, part: part}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.snap != snap || m.m == nil {
@@ -79,4 +84,5 @@ func (m *reqMemo) put(body []byte, snap *policies.Snapshot, e *memoEntry) {
 		}
 	}
 	m.m[string(body)] = e
+	return e
 }

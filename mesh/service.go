@@ -63,40 +63,47 @@ func (n *Node) handleDecide(r micro.Request) {
 		}
 	}()
 	snap := n.policies.snap.Load()
-	m := n.memo.get(r.Data(), snap)
-	if m == nil {
-		req, err := decodeRequest(r.Data())
-		if err != nil {
+	var (
+		req  request
+		p    *policies.Policy
+		key  string
+		part = -1
+		hint *atomic.Pointer[keyEntry]
+	)
+	if m := n.memo.get(r.Data(), snap); m != nil {
+		req, p, key, part, hint = m.req, m.p, m.key, m.part, &m.ent
+	} else {
+		var err error
+		if req, err = decodeRequest(r.Data()); err != nil {
 			n.replyError(r, "", start, err)
 			return
 		}
-		p := snap.Match(req.desc)
-		if p == nil {
+		if p = snap.Match(req.desc); p == nil {
 			if !req.dryRun {
 				n.metrics.decision("", resAllowed)
 			}
 			n.replyOK(r, start, decision{Allowed: true}, -1, nil)
 			return
 		}
-		key, err := p.LimitKey(req.desc)
-		if err != nil {
+		if key, err = p.LimitKey(req.desc); err != nil {
 			if !req.dryRun {
 				n.metrics.decision(p.Name, resError)
 			}
 			n.replyError(r, p.Name, start, fmt.Errorf("%w: %v", ErrBadRequest, err))
 			return
 		}
-		m = &memoEntry{req: req, p: p, key: key, part: -1}
 		if n.router != nil {
-			m.part = partitionOf(key, n.router.parts)
+			part = partitionOf(key, n.router.parts)
 		}
-		n.memo.put(r.Data(), snap, m)
+		if m := n.memo.put(r.Data(), snap, req, p, key, part); m != nil {
+			hint = &m.ent
+		}
 	}
 	rq, _ := n.routed.Get().(*routed)
 	if rq == nil {
 		rq = new(routed)
 	}
-	*rq = routed{n: n, r: r, req: m.req, p: m.p, key: m.key, part: m.part, hint: &m.ent, start: start,
+	*rq = routed{n: n, r: r, req: req, p: p, key: key, part: part, hint: hint, start: start,
 		deadline: start.Add(n.cfg.DecisionTimeout)}
 	if h := r.Headers(); h != nil {
 		rq.hopped = h.Get(HopHeader) != ""

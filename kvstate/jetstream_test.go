@@ -192,7 +192,11 @@ func TestJetStreamStoreAsync(t *testing.T) {
 // One server stands in for both: a floor above its last sequence is what
 // a stale replica (a cut-off stream leader after a partition heals) looks
 // like to the reader.
-func TestJetStreamStoreFloorRead(t *testing.T) {
+// floorBucket returns a store over a fresh bucket holding k = "v1" (at
+// revk), a deleted key "gone", j = "v2" (at revj) and then the floor key
+// "_floor" (at floor).
+func floorBucket(t *testing.T) (s *JetStreamStore, revk, revj, floor uint64) {
+	t.Helper()
 	js, kv := jsBucket(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -200,20 +204,24 @@ func TestJetStreamStoreFloorRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev, err := kv.Put(ctx, "k", []byte("v1"))
-	if err != nil {
-		t.Fatal(err)
+	put := func(key, val string) uint64 {
+		rev, err := kv.Put(ctx, key, []byte(val))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
 	}
-	if _, err := kv.Put(ctx, "gone", []byte("x")); err != nil {
-		t.Fatal(err)
-	}
+	revk = put("k", "v1")
+	put("gone", "x")
 	if err := kv.Delete(ctx, "gone"); err != nil {
 		t.Fatal(err)
 	}
-	floor, err := kv.Put(ctx, "_floor", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	revj = put("j", "v2")
+	return s, revk, revj, put("_floor", "")
+}
+
+func TestJetStreamStoreFloorRead(t *testing.T) {
+	s, rev, _, floor := floorBucket(t)
 	type res struct {
 		val []byte
 		rev uint64
@@ -262,31 +270,7 @@ func TestJetStreamStoreFloorRead(t *testing.T) {
 // asked; a floor above the stream's end is ErrStale for the whole read;
 // more than MaxManyKeys keys, none, or a key twice are refused.
 func TestJetStreamStoreManyFloorRead(t *testing.T) {
-	js, kv := jsBucket(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, err := NewJetStreamStore(ctx, js, "st")
-	if err != nil {
-		t.Fatal(err)
-	}
-	revK, err := kv.Put(ctx, "k", []byte("v1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "gone", []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	if err := kv.Delete(ctx, "gone"); err != nil {
-		t.Fatal(err)
-	}
-	revJ, err := kv.Put(ctx, "j", []byte("v2"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	floor, err := kv.Put(ctx, "_floor", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, revK, revJ, floor := floorBucket(t)
 	type res struct {
 		recs []KeyRecord
 		err  error

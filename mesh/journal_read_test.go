@@ -251,16 +251,11 @@ func TestReadJournalTenureMarker(t *testing.T) {
 // its first load write it. Past floorWindow, reads are leader reads. Once
 // the partition is lost, its keys are neither loaded nor written.
 func TestJournalFloorRead(t *testing.T) {
-	_, kv, st := jsStateStore(t)
+	j, kv := floorJournal(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	const parts = 64
-	j := &journalStore{n: &Node{cfg: NodeConfig{Partitions: parts}, log: slog.New(slog.DiscardHandler)},
-		under: st, kv: kv, timeout: time.Second, entries: make(map[string]*journalEntry),
-		gen: make([]uint64, parts), floors: make([]partFloor, parts), floorKey: journalFloorPrefix + "me",
-		owned: make([]bool, parts)}
 	key := "p.floor.k=1"
-	p := partitionOf(key, parts)
+	p := partitionOf(key, floorParts)
 	j.owned[p] = true
 	rev, err := kv.Put(ctx, key, []byte("rec"))
 	if err != nil {
@@ -409,14 +404,9 @@ func TestJournalPinHoldsMark(t *testing.T) {
 // whose read fails (here: the floor is above the stream's end, as on a
 // replica behind it) is checked key by key with leader reads.
 func TestJournalNewKeyChecks(t *testing.T) {
-	_, kv, st := jsStateStore(t)
+	j, kv := floorJournal(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	const parts = 64
-	j := &journalStore{n: &Node{cfg: NodeConfig{Partitions: parts}, log: slog.New(slog.DiscardHandler)},
-		under: st, kv: kv, timeout: time.Second, entries: make(map[string]*journalEntry),
-		gen: make([]uint64, parts), floors: make([]partFloor, parts), floorKey: journalFloorPrefix + "me",
-		owned: make([]bool, parts)}
 	if _, err := kv.Put(ctx, "p.new.k=exists", []byte("rec")); err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +420,7 @@ func TestJournalNewKeyChecks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for p := range parts {
+	for p := range floorParts {
 		j.owned[p] = true
 		j.floors[p] = partFloor{seq: floor, at: time.Now().UnixNano()}
 	}
@@ -474,7 +464,7 @@ func TestJournalNewKeyChecks(t *testing.T) {
 	// A batch read that fails: key by key.
 	j.mu.Lock()
 	j.pending = nil
-	for p := range parts {
+	for p := range floorParts {
 		j.floors[p].seq = floor + 1000
 	}
 	j.mu.Unlock()
@@ -485,6 +475,20 @@ func TestJournalNewKeyChecks(t *testing.T) {
 		t.Fatalf("%d batched reads", n)
 	}
 }
+
+// floorJournal returns a journal store of floorParts partitions (none
+// owned) over a fresh state bucket that allows floor reads, and the bucket.
+func floorJournal(t *testing.T) (*journalStore, jetstream.KeyValue) {
+	t.Helper()
+	_, kv, st := jsStateStore(t)
+	j := &journalStore{n: &Node{cfg: NodeConfig{Partitions: floorParts}, log: slog.New(slog.DiscardHandler)},
+		under: st, kv: kv, timeout: time.Second, entries: make(map[string]*journalEntry),
+		gen: make([]uint64, floorParts), floors: make([]partFloor, floorParts), floorKey: journalFloorPrefix + "me",
+		owned: make([]bool, floorParts)}
+	return j, kv
+}
+
+const floorParts = 64
 
 // waitPending waits (bounded) until j has n writes pending and no check
 // out, and returns them.

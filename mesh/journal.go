@@ -560,8 +560,8 @@ func (j *journalStore) UpdateAsync(key string, value []byte, rev uint64, timeout
 // of the keys: the partitions' claim floors and this node's own writes.
 // A write whose key has a record there loses (ErrConflict); the others go
 // into the journal, expecting the key's marker revision (or none). A batch
-// whose read fails (a stale replica, a timeout) is checked write by write
-// with leader reads, as without batches. Where a key is new to the node
+// whose read fails (a timeout, a replica behind the floor checkTries
+// times) is checked write by write with leader reads, as without batches. Where a key is new to the node
 // (every key at first), this is one read per batch rather than one per key.
 func (j *journalStore) checkAbsent() {
 	j.mu.Lock()
@@ -584,8 +584,23 @@ func (j *journalStore) checkAbsent() {
 		keys[i] = w.key
 	}
 	j.mu.Unlock()
+	j.checkBatch(batch, keys, floor, latest, 1)
+}
+
+// checkTries is how many times a batch of new-key checks is read from a
+// replica behind its floor (a follower a few writes behind: the direct get
+// goes to any replica) before it is checked key by key.
+const checkTries = 3
+
+// checkBatch sends the floor read of one batch of new-key checks (try is
+// its number); then the next batch.
+func (j *journalStore) checkBatch(batch []*journalWrite, keys []string, floor uint64, latest time.Time, try int) {
 	j.checkReads.Add(1)
 	j.under.GetManyAsyncFloor(keys, j.floorKey, floor, time.Until(latest), func(recs []kvstate.KeyRecord, err error) {
+		if errors.Is(err, kvstate.ErrStale) && try < checkTries && time.Until(latest) > 2*floorRetry {
+			time.AfterFunc(floorRetry, func() { j.checkBatch(batch, keys, floor, latest, try+1) })
+			return
+		}
 		if err != nil {
 			j.n.log.Debug("journal: batched key check failed, checking one by one", "keys", len(batch), "error", err.Error())
 			for _, w := range batch {

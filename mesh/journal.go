@@ -190,7 +190,7 @@ type journalStore struct {
 	ckMu sync.Mutex // one checkpoint at a time (a key is written by one)
 
 	appends, records, checkpoints atomic.Int64
-	checkReads                    atomic.Int64 // batched key checks sent (checkAbsent)
+	checkReads, checkOne          atomic.Int64 // new-key check reads: batched (checkAbsent), per key
 }
 
 // journalRead is what was read of another node's journal (cached for
@@ -309,9 +309,15 @@ func (n *Node) startJournal(ctx, bgctx context.Context, js jetstream.JetStream, 
 			Help: "Key records this node committed through its state journal.",
 		}, func() float64 { return float64(j.records.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "limitmesh_journal_key_checks_total",
-			Help: "Batched reads of the state bucket checking that keys new to this node have no record there (each checks up to 512 keys).",
+			Name:        "limitmesh_journal_key_checks_total",
+			Help:        keyChecksHelp,
+			ConstLabels: prometheus.Labels{"read": "batch"},
 		}, func() float64 { return float64(j.checkReads.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "limitmesh_journal_key_checks_total",
+			Help:        keyChecksHelp,
+			ConstLabels: prometheus.Labels{"read": "key"},
+		}, func() float64 { return float64(j.checkOne.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "limitmesh_checkpoint_writes_total",
 			Help: "Journalled key records this node checkpointed to the state bucket.",
@@ -624,6 +630,10 @@ func (j *journalStore) checkBatch(batch []*journalWrite, keys []string, floor ui
 	})
 }
 
+// keyChecksHelp describes limitmesh_journal_key_checks_total.
+const keyChecksHelp = "Reads of the state bucket checking that keys new to this node have no record there: " +
+	`read="batch" (one floor read of up to 512 keys), read="key" (one leader read of one key).`
+
 // checkAbsentOne checks the key of new-key write w against the state
 // bucket with a leader read, then journals it or fails it.
 func (j *journalStore) checkAbsentOne(w *journalWrite) {
@@ -632,6 +642,7 @@ func (j *journalStore) checkAbsentOne(w *journalWrite) {
 		w.done(0, fmt.Errorf("%w: journal write: %w", ErrUnavailable, context.DeadlineExceeded))
 		return
 	}
+	j.checkOne.Add(1)
 	j.under.GetAsync(w.key, timeout, func(_ []byte, r uint64, err error) {
 		switch {
 		case err == nil:

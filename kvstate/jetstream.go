@@ -440,19 +440,32 @@ func fastAck(data []byte, stream string) (uint64, bool) {
 	return seq, true
 }
 
+// send registers op with its timeout and publishes m with op's reply
+// subject. An error means op will never be answered: the caller reports
+// it. A publish that fails after op was answered or timed out meanwhile is
+// not an error (op's callback ran).
+func (s *JetStreamStore) send(op *pendingOp, m *nats.Msg, timeout time.Duration) error {
+	reply, err := s.register(op, timeout)
+	if err != nil {
+		return err
+	}
+	m.Reply = reply
+	if err := s.nc.PublishMsg(m); err != nil && s.pipe.take(s.parseID(reply)) != nil {
+		return err
+	}
+	return nil
+}
+
+// multiLast is the direct get request of the last messages of subjects.
+type multiLast struct {
+	Subjects []string `json:"multi_last"`
+}
+
 // GetAsync implements [AsyncStore] with a leader read, like Get.
 func (s *JetStreamStore) GetAsync(key string, timeout time.Duration, done func([]byte, uint64, error)) {
-	op := &pendingOp{key: key, onGet: done}
 	req, err := json.Marshal(msgGetRequest{LastFor: s.keyPre + key})
 	if err == nil {
-		var reply string
-		if reply, err = s.register(op, timeout); err == nil {
-			if err = s.nc.PublishRequest(s.getSub, reply, req); err != nil {
-				if s.pipe.take(s.parseID(reply)) == nil {
-					return // already answered or timed out
-				}
-			}
-		}
+		err = s.send(&pendingOp{key: key, onGet: done}, &nats.Msg{Subject: s.getSub, Data: req}, timeout)
 	}
 	if err != nil {
 		go done(nil, 0, fmt.Errorf("kvstate: get %q: %w", key, err))
@@ -475,18 +488,9 @@ func (s *JetStreamStore) GetAsync(key string, timeout time.Duration, done func([
 // replica that is current (an empty batch reports no sequence).
 func (s *JetStreamStore) GetAsyncFloor(key, floorKey string, floor uint64, timeout time.Duration, done func([]byte, uint64, error)) {
 	op := &pendingOp{key: key, onGet: done, floor: &floorRead{subj: s.keyPre + key, floor: floor}}
-	req, err := json.Marshal(struct {
-		Multi []string `json:"multi_last"`
-	}{[]string{s.keyPre + key, s.keyPre + floorKey}})
+	req, err := json.Marshal(multiLast{[]string{s.keyPre + key, s.keyPre + floorKey}})
 	if err == nil {
-		var reply string
-		if reply, err = s.register(op, timeout); err == nil {
-			if err = s.nc.PublishRequest(s.dirSub, reply, req); err != nil {
-				if s.pipe.take(s.parseID(reply)) == nil {
-					return
-				}
-			}
-		}
+		err = s.send(op, &nats.Msg{Subject: s.dirSub, Data: req}, timeout)
 	}
 	if err != nil {
 		go done(nil, 0, fmt.Errorf("kvstate: get %q: %w", key, err))
@@ -517,19 +521,10 @@ func (s *JetStreamStore) GetManyAsyncFloor(keys []string, floorKey string, floor
 	}
 	var req []byte
 	if err == nil {
-		req, err = json.Marshal(struct {
-			Multi []string `json:"multi_last"`
-		}{subjs})
+		req, err = json.Marshal(multiLast{subjs})
 	}
 	if err == nil {
-		var reply string
-		if reply, err = s.register(&pendingOp{key: keys[0], floor: f}, timeout); err == nil {
-			if err = s.nc.PublishRequest(s.dirSub, reply, req); err != nil {
-				if s.pipe.take(s.parseID(reply)) == nil {
-					return
-				}
-			}
-		}
+		err = s.send(&pendingOp{key: keys[0], floor: f}, &nats.Msg{Subject: s.dirSub, Data: req}, timeout)
 	}
 	if err != nil {
 		go done(nil, fmt.Errorf("kvstate: get %d keys: %w", len(keys), err))
@@ -615,22 +610,12 @@ func (s *JetStreamStore) answerFloor(id uint64, m *nats.Msg) bool {
 // UpdateAsync implements [AsyncStore], like Update (expected revision 0:
 // the key must have no message, see above).
 func (s *JetStreamStore) UpdateAsync(key string, value []byte, rev uint64, timeout time.Duration, done func(uint64, error)) {
-	op := &pendingOp{key: key, onUpdate: done}
-	reply, err := s.register(op, timeout)
-	if err == nil {
-		m := &nats.Msg{
-			Subject: s.keyPre + key,
-			Reply:   reply,
-			Data:    value,
-			Header:  nats.Header{expectedSeqHeader: []string{strconv.FormatUint(rev, 10)}},
-		}
-		if err = s.nc.PublishMsg(m); err != nil {
-			if s.pipe.take(s.parseID(reply)) == nil {
-				return
-			}
-		}
+	m := &nats.Msg{
+		Subject: s.keyPre + key,
+		Data:    value,
+		Header:  nats.Header{expectedSeqHeader: []string{strconv.FormatUint(rev, 10)}},
 	}
-	if err != nil {
+	if err := s.send(&pendingOp{key: key, onUpdate: done}, m, timeout); err != nil {
 		go done(0, fmt.Errorf("kvstate: update %q: %w", key, err))
 	}
 }
@@ -643,17 +628,7 @@ func (s *JetStreamStore) UpdateAsync(key string, value []byte, rev uint64, timeo
 // It is the cheap form of jetstream's PublishMsg for a caller that
 // publishes often (no per-call context, reply map or JSON decoding).
 func (s *JetStreamStore) PublishAsync(m *nats.Msg, stream string, timeout time.Duration, done func(uint64, error)) {
-	op := &pendingOp{key: m.Subject, stream: stream, onUpdate: done}
-	reply, err := s.register(op, timeout)
-	if err == nil {
-		m.Reply = reply
-		if err = s.nc.PublishMsg(m); err != nil {
-			if s.pipe.take(s.parseID(reply)) == nil {
-				return
-			}
-		}
-	}
-	if err != nil {
+	if err := s.send(&pendingOp{key: m.Subject, stream: stream, onUpdate: done}, m, timeout); err != nil {
 		go done(0, fmt.Errorf("kvstate: publish to %q: %w", m.Subject, err))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -192,6 +193,20 @@ func TestJetStreamStoreAsync(t *testing.T) {
 // One server stands in for both: a floor above its last sequence is what
 // a stale replica (a cut-off stream leader after a partition heals) looks
 // like to the reader.
+// answered returns the answer of the asynchronous call what from ch, or
+// fails t when none comes within 10 s.
+func answered[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s never answered", what)
+		var zero T
+		return zero
+	}
+}
+
 // floorBucket returns a store over a fresh bucket holding k = "v1" (at
 // revk), a deleted key "gone", j = "v2" (at revj) and then the floor key
 // "_floor" (at floor).
@@ -231,13 +246,7 @@ func TestJetStreamStoreFloorRead(t *testing.T) {
 		t.Helper()
 		ch := make(chan res, 1)
 		s.GetAsyncFloor(key, "_floor", floor, 5*time.Second, func(v []byte, r uint64, err error) { ch <- res{v, r, err} })
-		select {
-		case r := <-ch:
-			return r
-		case <-time.After(10 * time.Second):
-			t.Fatalf("GetAsyncFloor(%q) never answered", key)
-			return res{}
-		}
+		return answered(t, ch, "GetAsyncFloor("+key+")")
 	}
 	if r := read("k", floor); r.err != nil || string(r.val) != "v1" || r.rev != rev {
 		t.Fatalf("floor read of k: %q rev %d err %v, want v1 rev %d", r.val, r.rev, r.err, rev)
@@ -279,13 +288,7 @@ func TestJetStreamStoreManyFloorRead(t *testing.T) {
 		t.Helper()
 		ch := make(chan res, 1)
 		s.GetManyAsyncFloor(keys, "_floor", floor, 5*time.Second, func(r []KeyRecord, err error) { ch <- res{r, err} })
-		select {
-		case r := <-ch:
-			return r
-		case <-time.After(10 * time.Second):
-			t.Fatalf("GetManyAsyncFloor(%q) never answered", keys)
-			return res{}
-		}
+		return answered(t, ch, fmt.Sprintf("GetManyAsyncFloor(%d keys)", len(keys)))
 	}
 	r := read([]string{"never", "k", "gone", "j"}, floor)
 	if r.err != nil || len(r.recs) != 4 {

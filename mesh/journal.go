@@ -567,8 +567,9 @@ func (j *journalStore) UpdateAsync(key string, value []byte, rev uint64, timeout
 // A write whose key has a record there loses (ErrConflict); the others go
 // into the journal, expecting the key's marker revision (or none). A batch
 // whose read fails (a timeout, a replica behind the floor checkTries
-// times) is checked write by write with leader reads, as without batches. Where a key is new to the node
-// (every key at first), this is one read per batch rather than one per key.
+// times) is checked write by write with leader reads, as without batches.
+// Where keys are new to the node (every key at first), this is one read
+// per batch rather than one per key.
 func (j *journalStore) checkAbsent() {
 	j.mu.Lock()
 	n := min(len(j.checks), kvstate.MaxManyKeys)

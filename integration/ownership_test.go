@@ -336,6 +336,12 @@ func TestDeposedOwnerFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The key's latest record, as the intruder would adopt it from the
+	// node's journal (it may be there only).
+	val, err := mesh.ReadStateRecord(ctx, js, "rl", key)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// The intruder claims with CAS, retrying over the owner's renewals.
 	partKey := "part." + strconv.Itoa(p)
 	waitFor(t, "intruder claim", func() bool {
@@ -346,14 +352,9 @@ func TestDeposedOwnerFenced(t *testing.T) {
 		_, err = shards.Update(ctx, partKey, []byte(`{"node":"intruder"}`), cur.Revision())
 		return err == nil
 	})
-	// The intruder spends the rest of the key (it decides against the
-	// stored state: copy it with a CAS write, so the node's cached
-	// revision is stale).
-	// (The record may still be in the node's journal only.)
-	val, err := mesh.ReadStateRecord(ctx, js, "rl", key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The intruder spends the rest of the key (it decides against that
+	// record: copy it with a CAS write, so the node's cached revision is
+	// stale).
 	var rev uint64
 	if cur, err := state.Get(ctx, key); err == nil {
 		rev = cur.Revision()

@@ -72,21 +72,39 @@ func TestDeletePolicy(t *testing.T) {
 	}
 }
 
+// TestShadowPolicy: a candidate ("shadow": true, CONTRACT v1.1 §7) never
+// takes part in live decisions: descriptors it matches are decided by the
+// live policies alone (here none: unlimited), replies carry no
+// shadow_denied, and a live policy made a candidate stops applying.
 func TestShadowPolicy(t *testing.T) {
 	e := server(t, t.TempDir())
 	tn := startNode(t, e, mesh.NodeConfig{})
-	rev := putPolicy(t, tn.nc, "rl_policies", "shadowed", `{"match":{"tenant":"*"},"shadow":true,"limits":[{"algorithm":"token_bucket","rate":"1/h","burst":2}]}`)
+	putPolicy(t, tn.nc, "rl_policies", "shadowed", `{"match":{"tenant":"*"},"shadow":true,"limits":[{"algorithm":"token_bucket","rate":"1/h","burst":2}]}`)
+	// The watch applies entries in order: once this one is in force, the
+	// candidate was seen.
+	marker := putPolicy(t, tn.nc, "rl_policies", "marker", `{"match":{"app":"marker"},"limits":[{"algorithm":"token_bucket","rate":"1/h","burst":2}]}`)
+	waitFor(t, "marker applied", func() bool { rev, ok := tn.node.PolicyRevision("marker"); return ok && rev == marker })
+	if _, ok := tn.node.PolicyRevision("shadowed"); ok {
+		t.Fatal("a candidate is in force")
+	}
 	d := map[string]string{"tenant": "s"}
-	waitRevision(t, tn.nc, d, rev)
-	for i, want := range []bool{false, false, true, true} {
+	for i := range 4 {
 		r := decide(t, tn.nc, "rl.v1.decide", req(d, ""))
-		if !r.Allowed || r.ShadowDenied != want {
-			t.Fatalf("request %d: %+v, want allowed with shadow_denied=%v", i, r, want)
+		if !r.Allowed || r.Policy != "" || r.ShadowDenied {
+			t.Fatalf("request %d: %+v, want allowed by no policy", i, r)
 		}
 	}
-	if v := metricValue(t, tn, `limitmesh_decisions_total{policy="shadowed",result="shadow_denied"}`); v != 2 {
-		t.Fatalf("shadow_denied metric = %v", v)
+	if lines := metric(t, tn, `limitmesh_decisions_total{policy="shadowed"`); len(lines) != 0 {
+		t.Fatalf("decisions counted for a candidate: %v", lines)
 	}
+
+	// A live policy that becomes a candidate stops applying.
+	rev := putPolicy(t, tn.nc, "rl_policies", "slow", slowPolicy)
+	waitRevision(t, tn.nc, d, rev)
+	putPolicy(t, tn.nc, "rl_policies", "slow", strings.Replace(slowPolicy, "{", `{"shadow":true,`, 1))
+	waitFor(t, "slow no longer live", func() bool {
+		return decide(t, tn.nc, "rl.v1.decide", req(d, `"dry_run":true`)).Policy == ""
+	})
 }
 
 // TestRestartKeepsState: state and policies survive a restart of the

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/service"
 	"github.com/limitmesh/limitmesh/policies"
 )
 
@@ -136,7 +137,7 @@ func satAdd(a, b int64) int64 {
 }
 
 // formatUnits formats micro-units as a decimal number of units.
-func formatUnits(v int64) string { return string(appendMicro(nil, max(v, 0))) }
+func formatUnits(v int64) string { return string(service.AppendMicro(nil, max(v, 0))) }
 
 // String formats the bound as one line per limit, e.g.
 // "local: rate: (3 − 1) × 40 = 80 units".

@@ -1,17 +1,19 @@
 // Package mesh is the limitmesh node: the decide endpoint as a NATS micro
-// service, limiter state in JetStream KV written with compare-and-swap,
-// live policies from a watched KV bucket, metrics and health over HTTP, and
-// an embedded nats-server for single-binary deployments.
+// service, live policies from a watched KV bucket, limit keys sharded to
+// owner nodes with leases and epochs, limiter state journalled and
+// checkpointed to JetStream KV, metrics and health over HTTP, and an
+// embedded nats-server for single-binary deployments.
 //
-// A node is correct when several nodes serve the same keys at once: every
-// state change is a compare-and-swap on the key's KV revision, and a lost
-// race is reloaded and decided again. The per-key logic is a pure core
-// (owner.go) driven by a thin goroutine (keys.go).
+// The node wires packages that each own one concept (docs/internals.md):
 //
-// Keys hash to partitions, each owned by one node at a time under a lease
-// with epochs (shard.go, shardrun.go); any node accepts a decide request and
-// forwards it to the owner of the key's partition (route.go), so a hot key
-// is decided by one in-memory owner instead of racing writes across nodes.
+//	internal/policyset  the policies in force and their versions, the watch
+//	internal/service    the decide endpoint: decoding, the memo, forwarding, replies
+//	internal/keys       per-key owner cores with group commit, modes, local keys
+//	internal/route      which partitions this node serves now
+//	internal/ownership  partition leases and epochs: a core and its runner
+//	internal/journal    the state journal: appends, checkpoints, fences, adoption
+//	internal/member     one node's routing, keys, journal and ownership, wired
+//	internal/sim        the deterministic simulation of several members
 //
 // mesh imports kvstate and policies; it must not import cmd or integration.
 package mesh
@@ -31,6 +33,14 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/journal"
+	"github.com/limitmesh/limitmesh/mesh/internal/keys"
+	"github.com/limitmesh/limitmesh/mesh/internal/member"
+	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
+	"github.com/limitmesh/limitmesh/mesh/internal/policyset"
+	"github.com/limitmesh/limitmesh/mesh/internal/route"
+	"github.com/limitmesh/limitmesh/mesh/internal/rt"
+	"github.com/limitmesh/limitmesh/mesh/internal/service"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
@@ -61,7 +71,17 @@ const (
 	// DefaultPartitions is the number of partitions of the key space.
 	DefaultPartitions = 64
 	// MaxPartitions bounds NodeConfig.Partitions.
-	MaxPartitions = 4096
+	MaxPartitions = ownership.MaxPartitions
+	// DefaultCheckpointInterval is the default interval between
+	// checkpoints of journalled records to the state bucket.
+	DefaultCheckpointInterval = journal.DefaultCheckpointInterval
+	// DefaultLocalMaxKeys is the most local-mode keys one node holds.
+	DefaultLocalMaxKeys = keys.DefaultLocalMaxKeys
+	// MaxRequestBytes is the largest decide request body (CONTRACT.md
+	// §2); a larger one is a 413, checked before parsing.
+	MaxRequestBytes = service.MaxRequestBytes
+	// MaxRequestIDBytes is the longest request_id.
+	MaxRequestIDBytes = service.MaxRequestIDBytes
 	// DefaultLeaseTime is the partition lease: an owner that stops renewing
 	// loses its partitions after it.
 	DefaultLeaseTime = 3 * time.Second
@@ -83,7 +103,7 @@ type NodeConfig struct {
 	// AsyncInterval is the write-behind interval of async-mode policies: a
 	// key's unwritten changes are written at most this long after the first
 	// of them (plus the duration of a write in flight); default
-	// DefaultAsyncInterval (100ms). See mode.go for the overshoot bound.
+	// DefaultAsyncInterval (100ms). See OvershootBound.
 	AsyncInterval time.Duration
 	// Partitions is the number of partitions limit keys hash to (default
 	// 64, at most MaxPartitions). It is recorded in the shards bucket by
@@ -95,8 +115,8 @@ type NodeConfig struct {
 	// whose entry was not renewed for LeaseTime as they observe it.
 	LeaseTime time.Duration
 	// CheckpointInterval is how often journalled state records are
-	// checkpointed to the state bucket (journal.go); default
-	// DefaultCheckpointInterval.
+	// checkpointed to the state bucket; default DefaultCheckpointInterval
+	// (at most a quarter of StateTTL).
 	CheckpointInterval time.Duration
 	// NoJournal writes every state record to the state bucket (one
 	// compare-and-swap per key and batch) instead of journalling them.
@@ -107,40 +127,40 @@ type NodeConfig struct {
 	NodeID string
 }
 
-var (
-	prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
-	nodeIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+// Headers of the routing protocol (docs/protocol.md, "Routing").
+const (
+	HopHeader      = service.HopHeader
+	TimeoutHeader  = service.TimeoutHeader
+	NotOwnerHeader = service.NotOwnerHeader
 )
+
+var prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 
 // Node is one limitmesh node. Start it once; Stop drains it. Its methods
 // are safe for concurrent use.
 type Node struct {
-	nc      *nats.Conn
-	cfg     NodeConfig
-	log     *slog.Logger
-	reg     *prometheus.Registry
-	metrics *metrics
-	clock   func() time.Time
+	nc  *nats.Conn
+	cfg NodeConfig
+	log *slog.Logger
+	reg *prometheus.Registry
+	rt  rt.Runtime
 
-	policies *policySet
-	watcher  *policyWatcher
-	store    kvstate.Store
-	keys     *keyTable
-	routed   sync.Pool     // *routed values, recycled once answered
-	memo     reqMemo       // decide bodies seen lately (memo.go)
-	router   *router       // nil in offline unit tests: every key is decided here
-	shards   *shardRunner  // nil before Start
-	journal  *journalStore // nil before Start and with NoJournal
+	policies *policyset.Set
+	route    *route.Table
+	svc      *service.Service
+	member   *member.Member // nil before Start
 
-	ready    atomic.Bool
-	inflight atomic.Int64
+	ready atomic.Bool
 
 	mu      sync.Mutex
 	started bool
 	stopped bool
-	svc     micro.Service
+	micro   micro.Service
 	cancel  context.CancelFunc
 	bg      sync.WaitGroup
+
+	subMu sync.Mutex
+	subs  []*nats.Subscription // the shard subjects of the partitions held
 }
 
 // NewNode returns a node on nc; it does nothing until Start.
@@ -169,6 +189,9 @@ func NewNode(nc *nats.Conn, cfg NodeConfig) (*Node, error) {
 	if cfg.CheckpointInterval <= 0 {
 		cfg.CheckpointInterval = DefaultCheckpointInterval
 	}
+	if cfg.AsyncInterval <= 0 {
+		cfg.AsyncInterval = DefaultAsyncInterval
+	}
 	if cfg.Partitions == 0 {
 		cfg.Partitions = DefaultPartitions
 	}
@@ -186,29 +209,33 @@ func NewNode(nc *nats.Conn, cfg NodeConfig) (*Node, error) {
 		_, _ = rand.Read(b[:])
 		cfg.NodeID = hex.EncodeToString(b[:])
 	}
-	if !nodeIDRE.MatchString(cfg.NodeID) {
-		return nil, fmt.Errorf("%w: node id %q must match %s", ErrConfig, cfg.NodeID, nodeIDRE)
+	if !ownership.NodeIDRE.MatchString(cfg.NodeID) {
+		return nil, fmt.Errorf("%w: node id %q must match %s", ErrConfig, cfg.NodeID, ownership.NodeIDRE)
 	}
-	n := &Node{nc: nc, cfg: cfg, log: cfg.Logger, reg: cfg.Registry, clock: cfg.Clock}
+	n := &Node{nc: nc, cfg: cfg, log: cfg.Logger, reg: cfg.Registry, rt: rt.Real}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
 	}
 	if n.reg == nil {
 		n.reg = prometheus.NewRegistry()
 	}
-	if n.clock == nil {
-		n.clock = time.Now
+	if cfg.Clock != nil {
+		n.rt = clockRuntime{clock: cfg.Clock}
 	}
-	n.policies = newPolicySet()
-	n.keys = newKeyTable()
-	n.router = newRouter(cfg.Prefix, cfg.Partitions)
-	m, err := newMetrics(n.reg, func() float64 { return float64(n.keys.len()) })
-	if err != nil {
-		return nil, fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
-	}
-	n.metrics = m
+	n.policies = policyset.New()
+	n.route = route.New(cfg.Prefix, cfg.Partitions, n.rt, n.rt.Now())
+	n.subs = make([]*nats.Subscription, cfg.Partitions)
 	return n, nil
 }
+
+// clockRuntime is the real runtime with NodeConfig.Clock as its clock.
+type clockRuntime struct{ clock func() time.Time }
+
+func (c clockRuntime) Now() time.Time { return c.clock() }
+func (clockRuntime) AfterFunc(d time.Duration, f func()) (stop func() bool) {
+	return rt.Real.AfterFunc(d, f)
+}
+func (clockRuntime) Go(f func()) { go f() }
 
 // PolicyBucket, StateBucket, ShardBucket and DecideSubject are the names
 // the node uses; ShardSubject(p) is partition p's subject.
@@ -218,6 +245,9 @@ func (n *Node) ShardBucket() string       { return n.cfg.Prefix + "_shards" }
 func (n *Node) DecideSubject() string     { return n.cfg.Prefix + ".v1.decide" }
 func (n *Node) ShardSubject(p int) string { return n.cfg.Prefix + ".v1.shard." + strconv.Itoa(p) }
 
+// JournalStream returns the name of the state journal stream.
+func (n *Node) JournalStream() string { return journal.StreamName(n.cfg.Prefix) }
+
 // ID returns the node's id in the shards bucket.
 func (n *Node) ID() string { return n.cfg.NodeID }
 
@@ -225,23 +255,19 @@ func (n *Node) ID() string { return n.cfg.NodeID }
 func (n *Node) Partitions() int { return n.cfg.Partitions }
 
 // PartitionOf returns the partition of a limit key.
-func (n *Node) PartitionOf(key string) int { return partitionOf(key, n.cfg.Partitions) }
+func (n *Node) PartitionOf(key string) int { return ownership.PartitionOf(key, n.cfg.Partitions) }
 
 // Owns reports whether the node serves partition p now.
-func (n *Node) Owns(p int) bool { return n.router.serving(p) }
+func (n *Node) Owns(p int) bool { return n.route.Serving(p) }
 
 // Epoch returns the epoch in which the node holds partition p (0 when it
 // does not hold it).
-func (n *Node) Epoch(p int) uint64 {
-	if !n.router.serving(p) {
-		return 0
-	}
-	return n.router.slots[p].epoch.Load()
-}
+func (n *Node) Epoch(p int) uint64 { return n.route.Epoch(p) }
 
 // Start creates missing buckets, applies the current policies, starts the
-// policy watch and the decide service, and returns once the node serves.
-// ctx bounds the start; the node keeps running after it returns.
+// policy watch, takes this node's share of the partitions and starts the
+// decide service; it returns once the node serves. ctx bounds the start;
+// the node keeps running after it returns.
 func (n *Node) Start(ctx context.Context) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -251,6 +277,24 @@ func (n *Node) Start(ctx context.Context) error {
 	if n.started {
 		return fmt.Errorf("%w: already started", ErrConfig)
 	}
+	bgctx, cancel := context.WithCancel(context.Background())
+	if err := n.start(ctx, bgctx); err != nil {
+		cancel()
+		n.bg.Wait()
+		if n.member != nil {
+			n.member.Stop()
+		}
+		return err
+	}
+	n.cancel = cancel
+	n.started = true
+	n.ready.Store(true)
+	n.log.Info("node serving", "subject", n.DecideSubject(), "policies", n.policies.Snapshot().Len(),
+		"node", n.cfg.NodeID, "partitions", n.cfg.Partitions, "partitions_owned", n.route.Owned())
+	return nil
+}
+
+func (n *Node) start(ctx, bgctx context.Context) error {
 	js, err := jetstream.New(n.nc)
 	if err != nil {
 		return fmt.Errorf("mesh: jetstream: %w", err)
@@ -279,7 +323,6 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	n.store = &fencedStore{Store: store, n: n}
 	skv, err := n.ensureBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      n.ShardBucket(),
 		Description: "limitmesh partition ownership",
@@ -291,71 +334,137 @@ func (n *Node) Start(ctx context.Context) error {
 		return err
 	}
 	if err := n.retryJS(ctx, "partition count", func(ctx context.Context) error {
-		return checkShardConfig(ctx, skv, n.cfg.Partitions)
+		return ownership.CheckConfig(ctx, skv, n.cfg.Partitions)
 	}); err != nil {
 		return err
 	}
 
-	bgctx, cancel := context.WithCancel(context.Background())
-	n.cancel = cancel
-	n.watcher = &policyWatcher{kv: pkv, set: n.policies, log: n.log, metrics: n.metrics}
+	// Policies: the initial values are applied before anything decides.
+	pm, err := policyset.NewMetrics(n.reg)
+	if err != nil {
+		return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
+	}
+	watcher := policyset.NewWatcher(pkv, n.policies, n.log, pm)
 	w, err := pkv.WatchAll(bgctx)
 	if err != nil {
-		cancel()
 		return fmt.Errorf("mesh: watching %s: %w", n.PolicyBucket(), err)
 	}
 	ready := make(chan struct{})
-	n.bg.Add(2)
-	go func() { defer n.bg.Done(); n.watcher.run(bgctx, w, ready) }()
-	go func() {
-		defer n.bg.Done()
-		// Cached keys go well before their records expire from the
-		// bucket (which happens up to a checkpoint interval after the
-		// last change): an idle key then starts from the bucket, fresh.
-		n.keys.sweep(bgctx, n.clock, max(min(n.cfg.StateTTL/2, time.Minute), 500*time.Millisecond))
-	}()
+	n.bg.Go(func() { watcher.Run(bgctx, w, ready) })
 	select {
 	case <-ready:
 	case <-ctx.Done():
-		cancel()
-		n.bg.Wait()
 		return fmt.Errorf("mesh: waiting for the initial policies: %w", ctx.Err())
 	}
 
+	// The member: journal, keys, ownership.
+	var jr *journal.Journal
+	var m *member.Member
 	if !n.cfg.NoJournal {
-		j, err := n.startJournal(ctx, bgctx, js, store)
+		jr, err = journal.Open(ctx, bgctx, journal.OpenConfig{
+			Config: journal.Config{
+				Self:               n.cfg.NodeID,
+				Prefix:             n.cfg.Prefix,
+				Parts:              n.cfg.Partitions,
+				View:               n.route,
+				OnFenced:           func(p int, by string) { m.FencedBy(p, by) },
+				Runtime:            n.rt,
+				Timeout:            n.cfg.DecisionTimeout,
+				CheckpointInterval: min(n.cfg.CheckpointInterval, n.cfg.StateTTL/4),
+				ReadCache:          2 * n.cfg.LeaseTime,
+				Log:                n.log,
+			},
+			JS:       js,
+			Store:    store,
+			Bucket:   n.StateBucket(),
+			Replicas: n.cfg.Replicas,
+			MaxAge:   n.cfg.StateTTL,
+			Retry:    n.retryJS,
+		})
 		if err != nil {
-			cancel()
-			n.bg.Wait()
 			return err
 		}
-		n.journal = j
-		n.store = &fencedStore{Store: j, n: n}
+		for _, c := range jr.Collectors() {
+			if err := n.reg.Register(c); err != nil {
+				return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
+			}
+		}
 	}
+	var keyTable *keys.Table
+	km, err := keys.NewMetrics(n.reg, func() float64 {
+		if keyTable == nil {
+			return 0
+		}
+		return float64(keyTable.Len())
+	})
+	if err != nil {
+		return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
+	}
+	om, err := newOwnershipMetrics(n.reg)
+	if err != nil {
+		return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
+	}
+	m = member.New(member.Config{
+		Self:            n.cfg.NodeID,
+		Lease:           n.cfg.LeaseTime,
+		DecisionTimeout: n.cfg.DecisionTimeout,
+		Runtime:         n.rt,
+		Route:           n.route,
+		Journal:         jr,
+		Store:           store,
+		Keys: keys.Config{
+			Env:           n.policies,
+			Versions:      versionFetcher{watcher},
+			MaxConflicts:  n.cfg.MaxConflicts,
+			TTL:           n.cfg.StateTTL,
+			AsyncInterval: n.cfg.AsyncInterval,
+			Log:           n.log,
+			Metrics:       km,
+		},
+		Shards:  ownership.NewJetStreamKV(bgctx, skv),
+		OnServe: n.onServe,
+		Metrics: om,
+		Log:     n.log,
+	})
+	keyTable = m.Keys
+	n.member = m
+	sm, err := service.NewMetrics(n.reg)
+	if err != nil {
+		return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
+	}
+	n.svc = service.New(service.Config{
+		Conn:            n.nc,
+		Policies:        n.policies,
+		Keys:            m.Keys,
+		Route:           n.route,
+		Runtime:         n.rt,
+		DecisionTimeout: n.cfg.DecisionTimeout,
+		Log:             n.log,
+		Metrics:         sm,
+	})
+	m.Start()
+	// Cached keys go well before their records expire from the bucket
+	// (which happens up to a checkpoint interval after the last change): an
+	// idle key then starts from the bucket, fresh.
+	idle := max(min(n.cfg.StateTTL/2, time.Minute), 500*time.Millisecond)
+	n.bg.Go(func() { n.sweep(bgctx, idle) })
 
 	// Ownership: watch the shards bucket, claim this node's partitions, and
 	// wait (at most two leases) until no partition waits for an owner.
 	sw, err := skv.WatchAll(bgctx)
 	if err != nil {
-		cancel()
-		n.bg.Wait()
 		return fmt.Errorf("mesh: watching %s: %w", n.ShardBucket(), err)
 	}
-	n.shards = newShardRunner(n, skv)
-	n.bg.Add(1)
-	go func() { defer n.bg.Done(); n.shards.run(bgctx, sw) }()
+	n.bg.Go(func() { ownership.Drive(bgctx, m.Owner, sw) })
 	settle := time.NewTimer(2*n.cfg.LeaseTime + time.Second)
+	defer settle.Stop()
 	select {
-	case <-n.shards.settled:
+	case <-m.Owner.Settled():
 	case <-settle.C:
 		n.log.Warn("starting before every partition has an owner")
 	case <-ctx.Done():
-		settle.Stop()
-		cancel()
-		n.bg.Wait()
 		return fmt.Errorf("mesh: waiting for partition owners: %w", ctx.Err())
 	}
-	settle.Stop()
 
 	svc, err := micro.AddService(n.nc, micro.Config{
 		Name:        ServiceName,
@@ -364,31 +473,73 @@ func (n *Node) Start(ctx context.Context) error {
 		QueueGroup:  QueueGroup,
 	})
 	if err != nil {
-		cancel()
-		n.bg.Wait()
 		return fmt.Errorf("mesh: adding micro service: %w", err)
 	}
-	if err := svc.AddEndpoint("decide", micro.HandlerFunc(n.handleDecide),
+	if err := svc.AddEndpoint("decide", micro.HandlerFunc(n.svc.Handle),
 		micro.WithEndpointSubject(n.DecideSubject()),
 		micro.WithEndpointQueueGroup(QueueGroup),
 		micro.WithEndpointPendingLimits(-1, -1)); err != nil {
 		_ = svc.Stop()
-		cancel()
-		n.bg.Wait()
 		return fmt.Errorf("mesh: adding decide endpoint: %w", err)
 	}
 	if err := n.nc.FlushWithContext(ctx); err != nil {
 		_ = svc.Stop()
-		cancel()
-		n.bg.Wait()
 		return fmt.Errorf("mesh: flushing subscriptions: %w", err)
 	}
-	n.svc = svc
-	n.started = true
-	n.ready.Store(true)
-	n.log.Info("node serving", "subject", n.DecideSubject(), "policies", n.policies.snap.Load().Len(),
-		"node", n.cfg.NodeID, "partitions_owned", n.router.owned())
+	n.micro = svc
 	return nil
+}
+
+// sweep drops idle keys every idle/2 until ctx ends.
+func (n *Node) sweep(ctx context.Context, idle time.Duration) {
+	tk := time.NewTicker(idle / 2)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+			n.member.Keys.Sweep(n.rt.Now().UnixNano(), idle)
+		}
+	}
+}
+
+// onServe subscribes partition p's subject while this node holds p.
+func (n *Node) onServe(p int, held bool) {
+	n.subMu.Lock()
+	defer n.subMu.Unlock()
+	if held {
+		if n.subs[p] != nil {
+			return
+		}
+		sub, err := n.nc.Subscribe(n.route.Subject(p), n.svc.HandleMsg)
+		if err != nil {
+			n.log.Warn("subscribing to a shard subject", "subject", n.route.Subject(p), "error", err.Error())
+			return
+		}
+		_ = sub.SetPendingLimits(-1, -1)
+		n.subs[p] = sub
+		return
+	}
+	if n.subs[p] != nil {
+		// Drain: requests already delivered are still handled (and
+		// forwarded, since the slot no longer serves).
+		_ = n.subs[p].Drain()
+		n.subs[p] = nil
+	}
+}
+
+// versionFetcher fetches old policy versions for the key owners.
+type versionFetcher struct{ w *policyset.Watcher }
+
+func (v versionFetcher) Missing(name string, rev uint64) bool { return v.w.Set().Missing(name, rev) }
+
+func (v versionFetcher) Fetch(name string, rev uint64, timeout time.Duration, done func(error)) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		done(v.w.FetchVersion(ctx, name, rev))
+	}()
 }
 
 // ensureBucket binds to the bucket if it exists (as it is: never updated or
@@ -469,7 +620,7 @@ func (n *Node) ensureBucketOnce(ctx context.Context, js jetstream.JetStream, cfg
 // reaches every node within about a second; tests and operators use this
 // to see that a particular node has applied it.
 func (n *Node) PolicyRevision(name string) (uint64, bool) {
-	p := n.policies.current(name)
+	p := n.policies.Current(name)
 	if p == nil {
 		return 0, false
 	}
@@ -481,9 +632,10 @@ func (n *Node) PolicyRevision(name string) (uint64, bool) {
 func (n *Node) Ready() bool { return n.ready.Load() }
 
 // Stop makes /readyz fail, stops taking requests (the service's
-// subscription is drained), waits for in-flight decisions to be answered
-// (bounded by ctx) and stops the background work. It is safe to call more
-// than once and after a failed Start.
+// subscription is drained), hands every partition over, waits for
+// in-flight decisions to be answered (bounded by ctx) and stops the
+// background work. It is safe to call more than once and after a failed
+// Start.
 func (n *Node) Stop(ctx context.Context) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -493,14 +645,18 @@ func (n *Node) Stop(ctx context.Context) error {
 	n.stopped = true
 	n.ready.Store(false)
 	var err error
-	if n.svc != nil {
-		err = n.svc.Stop()
+	if n.micro != nil {
+		err = n.micro.Stop()
 		// Leave the mesh: hand every partition over (each is drained,
 		// its keys dropped, its entry deleted so the next owner claims it
 		// at once in a greater epoch).
-		if n.shards != nil {
-			err = errors.Join(err, n.shards.leave(ctx))
+		left := make(chan error, 1)
+		timeout := 30 * time.Second
+		if d, ok := ctx.Deadline(); ok {
+			timeout = time.Until(d)
 		}
+		n.member.Owner.Leave(timeout, func(e error) { left <- e })
+		err = errors.Join(err, <-left)
 		// Drain: the subscription delivers what it already holds, so wait
 		// until no request has been in flight for a quiet period (the
 		// micro service does not expose the drain's completion), bounded
@@ -510,7 +666,7 @@ func (n *Node) Stop(ctx context.Context) error {
 		quiet := 0
 	wait:
 		for {
-			if n.inflight.Load() == 0 {
+			if n.svc.Inflight() == 0 {
 				quiet++
 			} else {
 				quiet = 0
@@ -520,7 +676,7 @@ func (n *Node) Stop(ctx context.Context) error {
 			}
 			select {
 			case <-ctx.Done():
-				err = errors.Join(err, fmt.Errorf("mesh: stop: %d decisions still in flight: %w", n.inflight.Load(), ctx.Err()))
+				err = errors.Join(err, fmt.Errorf("mesh: stop: %d decisions still in flight: %w", n.svc.Inflight(), ctx.Err()))
 				break wait
 			case <-t.C:
 			}
@@ -530,6 +686,17 @@ func (n *Node) Stop(ctx context.Context) error {
 		n.cancel()
 	}
 	n.bg.Wait()
+	if n.member != nil {
+		n.member.Stop()
+	}
+	n.subMu.Lock()
+	for p, sub := range n.subs {
+		if sub != nil {
+			_ = sub.Unsubscribe()
+			n.subs[p] = nil
+		}
+	}
+	n.subMu.Unlock()
 	return err
 }
 
@@ -553,4 +720,13 @@ func (n *Node) HTTPHandler() http.Handler {
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	return mux
+}
+
+// ReadStateRecord returns the latest durable record of a limit key in the
+// installation with subject prefix prefix, by the rule the key's next
+// owner adopts with (docs/protocol.md): the journals its partition's entry
+// names, from their marks, else the state bucket's; an error wrapping
+// kvstate.ErrNotFound when there is none. For diagnostics and tests.
+func ReadStateRecord(ctx context.Context, js jetstream.JetStream, prefix, key string) ([]byte, error) {
+	return journal.ReadStateRecord(ctx, js, prefix, key)
 }

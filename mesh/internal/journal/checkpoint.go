@@ -1,0 +1,231 @@
+package journal
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+)
+
+// Checkpoints. Every checkpoint interval the node writes the records
+// journalled since its last checkpoint to the state bucket, each a
+// compare-and-swap on the key's revision (read first when unknown), then
+// records its mark (key _journal.<node id> of the state bucket, a decimal
+// sequence: every journal message up to it is checkpointed) and purges its
+// subject below the mark. The message at the mark stays: it is the
+// subject's last sequence when nothing was appended since, which the next
+// append expects. The mark never passes a record that is not in the state
+// bucket, that is pinned, or that is an orphan (invariant J3).
+
+type checkpointer struct {
+	j *Journal
+
+	mu      sync.Mutex
+	busy    bool
+	waiting []ckRequest
+	mark    uint64 // batches up to it are checkpointed
+}
+
+type ckRequest struct {
+	part int // -1: every partition served
+	done func(error)
+}
+
+// ownMark returns this node's mark.
+func (c *checkpointer) ownMark() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mark
+}
+
+// schedule runs a checkpoint of every served partition after the
+// checkpoint interval, then schedules the next.
+func (c *checkpointer) schedule() {
+	c.j.rt.AfterFunc(c.j.cfg.CheckpointInterval, func() {
+		if c.j.stopped.Load() {
+			return
+		}
+		c.run(-1, func(err error) {
+			if err != nil {
+				c.j.log.Warn("checkpoint incomplete", "error", err.Error())
+			}
+			c.j.rd.expire()
+			c.schedule()
+		})
+	})
+}
+
+// run checkpoints partition part (-1: every partition this node serves)
+// and advances the mark, one checkpoint at a time (a key is written by
+// one); done gets the first failure.
+func (c *checkpointer) run(part int, done func(error)) {
+	c.mu.Lock()
+	if c.busy {
+		c.waiting = append(c.waiting, ckRequest{part, done})
+		c.mu.Unlock()
+		return
+	}
+	c.busy = true
+	c.mu.Unlock()
+	c.start(ckRequest{part, done})
+}
+
+// finished ends a checkpoint and starts the next one waiting.
+func (c *checkpointer) finished(req ckRequest, err error) {
+	req.done(err)
+	c.mu.Lock()
+	if len(c.waiting) == 0 {
+		c.busy = false
+		c.mu.Unlock()
+		return
+	}
+	next := c.waiting[0]
+	c.waiting = c.waiting[1:]
+	c.mu.Unlock()
+	c.start(next)
+}
+
+func (c *checkpointer) start(req ckRequest) {
+	j := c.j
+	list := j.recs.dirty(req.part, j.cfg.View.Serving)
+	var (
+		mu       sync.Mutex
+		next     int
+		inflight int
+		failed   int
+		firstErr error
+		ended    bool
+	)
+	var step func()
+	step = func() {
+		mu.Lock()
+		for inflight < checkpointParallel && next < len(list) && !j.stopped.Load() {
+			t := list[next]
+			next++
+			inflight++
+			mu.Unlock()
+			c.writeRecord(t.key, t.val, t.rev, t.known, req.part >= 0, func(rev uint64, err error) {
+				j.recs.checkpointed(t, rev, err)
+				if err == nil {
+					j.floors.raise(rev)
+					j.checkpoints.Add(1)
+				}
+				mu.Lock()
+				inflight--
+				if err != nil {
+					failed++
+					if firstErr == nil {
+						firstErr = err
+					}
+				}
+				mu.Unlock()
+				step()
+			})
+			mu.Lock()
+		}
+		if ended || inflight > 0 || (next < len(list) && !j.stopped.Load()) {
+			mu.Unlock()
+			return
+		}
+		ended = true
+		var err error
+		if failed > 0 {
+			err = fmt.Errorf("%d of %d records not checkpointed: %v", failed, len(list), firstErr)
+		}
+		mu.Unlock()
+		c.advanceMark(func() { c.finished(req, err) })
+	}
+	step()
+}
+
+// writeRecord writes val as key's record in the state bucket with a
+// compare-and-swap on rev (read first when not known). A lost
+// compare-and-swap is retried once after a read while this node still
+// serves the key's partition (or releases it: releasing).
+func (c *checkpointer) writeRecord(key string, val []byte, rev uint64, known, releasing bool, done func(uint64, error)) {
+	j := c.j
+	part := j.partOf(key)
+	var write func(rev uint64, retry bool)
+	reread := func() {
+		j.cfg.Bucket.GetAsync(key, j.cfg.Timeout, func(_ []byte, r uint64, err error) {
+			if err != nil && !errors.Is(err, kvstate.ErrNotFound) {
+				done(0, err)
+				return
+			}
+			write(r, false)
+		})
+	}
+	write = func(rev uint64, retry bool) {
+		j.cfg.Bucket.UpdateAsync(key, val, rev, j.cfg.Timeout, func(nrev uint64, err error) {
+			if errors.Is(err, kvstate.ErrConflict) && retry && (releasing || j.cfg.View.Serving(part)) {
+				reread()
+				return
+			}
+			done(nrev, err)
+		})
+	}
+	if !known {
+		reread()
+		return
+	}
+	write(rev, true)
+}
+
+// advanceMark records how far this node's journal is checkpointed and
+// purges it up to there; it also forgets checkpointed records idle for an
+// interval.
+func (c *checkpointer) advanceMark(done func()) {
+	j := c.j
+	idle := j.now().Add(-j.cfg.CheckpointInterval).UnixNano()
+	m := j.recs.markLimit(j.w.lastSeq(), idle)
+	old := c.ownMark()
+	if m <= old || j.stopped.Load() {
+		done()
+		return
+	}
+	j.cfg.Bucket.PutAsync(markPrefix+j.cfg.Self, strconv.AppendUint(nil, m, 10), j.cfg.Timeout, func(_ uint64, err error) {
+		if err != nil {
+			j.log.Warn("recording the journal mark", "error", err.Error())
+			done()
+			return
+		}
+		j.log.Debug("journal mark advanced", "from", old, "to", m)
+		c.mu.Lock()
+		c.mark = max(c.mark, m)
+		c.mu.Unlock()
+		j.cfg.Stream.Purge(j.subj, m, j.cfg.Timeout, func(err error) {
+			if err != nil {
+				j.log.Debug("purging the journal", "error", err.Error())
+			}
+			done()
+		})
+	})
+}
+
+// markOf returns node id's mark: this node's own, or the one id recorded
+// in the state bucket (0 when it has none).
+func (c *checkpointer) markOf(id string, timeout time.Duration, done func(uint64, error)) {
+	if id == c.j.cfg.Self {
+		done(c.ownMark(), nil)
+		return
+	}
+	c.j.cfg.Bucket.GetAsync(markPrefix+id, timeout, func(val []byte, _ uint64, err error) {
+		if errors.Is(err, kvstate.ErrNotFound) {
+			done(0, nil)
+			return
+		}
+		if err != nil {
+			done(0, err)
+			return
+		}
+		m, perr := strconv.ParseUint(string(val), 10, 64)
+		if perr != nil {
+			done(0, fmt.Errorf("%w: journal mark of %s: %q", ErrCorrupt, id, val))
+			return
+		}
+		done(m, nil)
+	})
+}

@@ -1,0 +1,153 @@
+package journal
+
+import (
+	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
+
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// The encoding of state journal messages (journal.go: the writer, the reader). Two kinds, each
+// starting with a kind byte and a format version:
+//
+//	batch: 'J' 1 nonce[8] uvarint(n) n × (uvarint(len) key, uvarint(len) value)
+//	fence: 'F' 1 uvarint(partition) uvarint(epoch) uvarint(len) node
+//
+// A batch carries the new records of n keys, committed together; the
+// nonce lets the writer recognise its own batch after an unknown outcome.
+// A fence says that node claimed partition in epoch: the journal's owner
+// must not write that partition's keys any more.
+
+const format = 1
+
+// ErrCorrupt is the error of a journal message that does not decode.
+var ErrCorrupt = errors.New("mesh: corrupt state journal message")
+
+// item is one key's record in a batch.
+type item struct {
+	key string
+	val []byte
+}
+
+// fence is a decoded fence message.
+type fence struct {
+	part  int
+	epoch uint64
+	node  string
+}
+
+// appendBatch appends the encoding of a batch of items to dst.
+func appendBatch(dst []byte, nonce uint64, items []item) []byte {
+	dst = append(dst, 'J', format)
+	dst = binary.BigEndian.AppendUint64(dst, nonce)
+	dst = binary.AppendUvarint(dst, uint64(len(items)))
+	for _, it := range items {
+		dst = binary.AppendUvarint(dst, uint64(len(it.key)))
+		dst = append(dst, it.key...)
+		dst = binary.AppendUvarint(dst, uint64(len(it.val)))
+		dst = append(dst, it.val...)
+	}
+	return dst
+}
+
+// appendFence appends the encoding of a fence to dst.
+func appendFence(dst []byte, f fence) []byte {
+	dst = append(dst, 'F', format)
+	dst = binary.AppendUvarint(dst, uint64(f.part))
+	dst = binary.AppendUvarint(dst, f.epoch)
+	dst = binary.AppendUvarint(dst, uint64(len(f.node)))
+	return append(dst, f.node...)
+}
+
+// message is a decoded journal message: a batch (items, nonce) or a
+// fence (fence != nil). Item keys and values alias the input.
+type message struct {
+	nonce uint64
+	items []item
+	fence *fence
+}
+
+// decode decodes one journal message. It never panics; malformed
+// input gives an error wrapping ErrCorrupt.
+func decode(b []byte) (message, error) {
+	var m message
+	if len(b) < 2 || b[1] != format {
+		return m, fmt.Errorf("%w: no header", ErrCorrupt)
+	}
+	d := decoder{b: b[2:]}
+	switch b[0] {
+	case 'J':
+		if len(d.b) < 8 {
+			return m, fmt.Errorf("%w: short nonce", ErrCorrupt)
+		}
+		m.nonce = binary.BigEndian.Uint64(d.b)
+		d.b = d.b[8:]
+		n := d.uvarint()
+		// Every item takes at least two bytes: bound n before allocating.
+		if d.err == nil && n > uint64(len(d.b)/2) {
+			d.err = fmt.Errorf("%w: %d items in %d bytes", ErrCorrupt, n, len(d.b))
+		}
+		if d.err == nil {
+			m.items = make([]item, 0, n)
+		}
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			k := d.bytes()
+			v := d.bytes()
+			if d.err == nil {
+				m.items = append(m.items, item{key: string(k), val: v})
+			}
+		}
+	case 'F':
+		f := &fence{}
+		part := d.uvarint()
+		f.epoch = d.uvarint()
+		f.node = string(d.bytes())
+		if d.err == nil && part >= ownership.MaxPartitions {
+			d.err = fmt.Errorf("%w: partition %d", ErrCorrupt, part)
+		}
+		f.part = int(part)
+		m.fence = f
+	default:
+		return m, fmt.Errorf("%w: kind %q", ErrCorrupt, b[0])
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.err = fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(d.b))
+	}
+	if d.err != nil {
+		return message{}, d.err
+	}
+	return m, nil
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = fmt.Errorf("%w: bad varint", ErrCorrupt)
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) bytes() []byte {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.err = fmt.Errorf("%w: length %d beyond the message", ErrCorrupt, n)
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}

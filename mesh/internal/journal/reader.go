@@ -1,0 +1,181 @@
+package journal
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// The reader: what a node's journal says of the keys it journalled since
+// its mark. A read goes from the node's mark (or where an earlier read of
+// the same journal ended) up to a message of that journal just appended
+// (a fence or a barrier), so a read that does not reach it was answered by
+// a replica that lags, and fails, unless the node's mark passed it
+// meanwhile (the messages up to it were checkpointed and purged). A
+// node's tenure marker of a partition drops that partition's earlier
+// records of the node (invariant J2). Reads go one at a time; a read
+// waiting longer than its timeout fails.
+
+// state is a key's latest record in a journal and the message holding it.
+type state struct {
+	val []byte
+	seq uint64
+}
+
+// sourceRead is what was read of a node's journal (kept for adoptions of
+// several partitions from the same node).
+type sourceRead struct {
+	next   uint64 // the next sequence to read
+	at     time.Time
+	states map[string]state
+}
+
+type readRequest struct {
+	id       string
+	upto     uint64
+	deadline time.Time
+	done     func(map[string]state, error)
+	taken    bool // started or failed (r.mu)
+}
+
+type reader struct {
+	j *Journal
+
+	mu    sync.Mutex
+	busy  bool
+	queue []*readRequest
+	cache map[string]*sourceRead
+}
+
+// read returns the latest record of every key in node id's journal from
+// its mark up to sequence upto. The map is the reader's: done must take
+// what it needs before it returns.
+func (r *reader) read(id string, upto uint64, timeout time.Duration, done func(map[string]state, error)) {
+	req := &readRequest{id: id, upto: upto, deadline: r.j.now().Add(timeout), done: done}
+	r.mu.Lock()
+	r.queue = append(r.queue, req)
+	r.mu.Unlock()
+	r.j.rt.AfterFunc(timeout, func() {
+		r.mu.Lock()
+		if req.taken {
+			r.mu.Unlock()
+			return
+		}
+		req.taken = true
+		r.mu.Unlock()
+		done(nil, fmt.Errorf("waiting to read the journal of %s: %w", id, errWaitTimeout))
+	})
+	r.pump()
+}
+
+var errWaitTimeout = errors.New("timed out behind other journal reads")
+
+// pump starts the next queued read unless one is running.
+func (r *reader) pump() {
+	r.mu.Lock()
+	if r.busy {
+		r.mu.Unlock()
+		return
+	}
+	var req *readRequest
+	for len(r.queue) > 0 && req == nil {
+		if !r.queue[0].taken {
+			req = r.queue[0]
+			req.taken = true
+		}
+		r.queue = r.queue[1:]
+	}
+	if req == nil {
+		r.mu.Unlock()
+		return
+	}
+	r.busy = true
+	cached := r.cache[req.id]
+	r.mu.Unlock()
+	finish := func(states map[string]state, err error) {
+		req.done(states, err)
+		r.mu.Lock()
+		r.busy = false
+		r.mu.Unlock()
+		r.pump()
+	}
+	if cached != nil {
+		r.run(req, cached, finish)
+		return
+	}
+	r.j.ck.markOf(req.id, r.j.until(req.deadline), func(mark uint64, err error) {
+		if err != nil {
+			finish(nil, fmt.Errorf("reading the journal mark of %s: %w", req.id, err))
+			return
+		}
+		r.run(req, &sourceRead{next: mark + 1, states: make(map[string]state)}, finish)
+	})
+}
+
+// run reads req's journal into sr from sr.next up to req.upto.
+func (r *reader) run(req *readRequest, sr *sourceRead, finish func(map[string]state, error)) {
+	j := r.j
+	from := sr.next
+	apply := func(seq uint64, data []byte) error {
+		m, err := decode(data)
+		if err != nil {
+			return fmt.Errorf("journal of %s, sequence %d: %w", req.id, seq, err)
+		}
+		for _, it := range m.items {
+			sr.states[it.key] = state{val: it.val, seq: seq}
+		}
+		if f := m.fence; f != nil && f.node == req.id {
+			// req.id's tenure marker of f.part: its records of that
+			// partition before it are superseded.
+			for k := range sr.states {
+				if j.partOf(k) == f.part {
+					delete(sr.states, k)
+				}
+			}
+		}
+		return nil
+	}
+	end := func(err error) {
+		if err != nil {
+			finish(nil, fmt.Errorf("reading the journal of %s: %w", req.id, err))
+			return
+		}
+		j.log.Debug("journal read", "node", req.id, "from", from, "upto", req.upto, "keys", len(sr.states))
+		sr.next = max(sr.next, req.upto+1)
+		sr.at = j.now()
+		if req.id != j.cfg.Self {
+			r.mu.Lock()
+			r.cache[req.id] = sr
+			r.mu.Unlock()
+		}
+		finish(sr.states, nil)
+	}
+	if sr.next > req.upto {
+		end(nil)
+		return
+	}
+	j.cfg.Stream.Read(j.subjOf(req.id), sr.next, req.upto, j.until(req.deadline), apply, func(err error) {
+		if !errors.Is(err, ErrReadIncomplete) {
+			end(err)
+			return
+		}
+		j.ck.markOf(req.id, j.until(req.deadline), func(mark uint64, merr error) {
+			if merr == nil && mark >= req.upto {
+				err = nil
+			}
+			end(err)
+		})
+	})
+}
+
+// expire forgets cached reads older than the read cache time.
+func (r *reader) expire() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, sr := range r.cache {
+		if r.j.now().Sub(sr.at) > r.j.cfg.ReadCache {
+			delete(r.cache, id)
+		}
+	}
+}

@@ -1,0 +1,59 @@
+package journal
+
+import (
+	"time"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+)
+
+// The journal as the key owners' store (kvstate.AsyncStore).
+
+// GetAsync implements kvstate.AsyncStore: the journalled record when it is
+// not checkpointed yet, else the state bucket's (which may have expired
+// since: the bucket's idle expiry applies as without the journal). A key
+// of a partition this node does not hold fails as fenced.
+func (j *Journal) GetAsync(key string, timeout time.Duration, done func([]byte, uint64, error)) {
+	part := j.partOf(key)
+	val, jseq, gen, hit, owned := j.recs.lookup(key, part, j.now().UnixNano())
+	switch {
+	case !owned:
+		j.rt.Go(func() { done(nil, 0, fencedErr(part)) })
+	case hit:
+		rev := tagRev(jseq|journalRevBit, gen)
+		j.rt.Go(func() { done(val, rev, nil) })
+	default:
+		j.floors.get(key, part, timeout, func(val []byte, rev uint64, err error) {
+			if rev != 0 {
+				rev = tagRev(rev, gen)
+			}
+			done(val, rev, err)
+		})
+	}
+}
+
+// UpdateAsync implements kvstate.AsyncStore: the record goes into the
+// next batch. A revision of an older generation of the key's partition is
+// a conflict; expected revision 0 (the key must not exist) is checked
+// against the journalled records and the state bucket (checks.go).
+func (j *Journal) UpdateAsync(key string, value []byte, rev uint64, timeout time.Duration, done func(uint64, error)) {
+	part := j.partOf(key)
+	gen, known, owned := j.recs.prepare(key, part)
+	if !owned {
+		j.rt.Go(func() { done(0, fencedErr(part)) })
+		return
+	}
+	w := &write{key: key, val: value, part: part, gen: gen, deadline: j.now().Add(timeout), done: done}
+	switch {
+	case rev != 0 && rev>>revSeqBits&revGenMask != gen&revGenMask, rev == 0 && known:
+		j.rt.Go(func() { done(0, kvstate.ErrConflict) })
+	case rev == 0 && j.floors.batchable(part):
+		j.checks.add(w)
+	case rev == 0:
+		j.checks.one(w)
+	default:
+		if rev&journalRevBit == 0 {
+			w.kvRev, w.kvKnown = rev&revSeqMask, true
+		}
+		j.w.enqueue(w)
+	}
+}

@@ -1,0 +1,260 @@
+package keyrec
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+)
+
+// DedupeWindow is how long a request_id is remembered for a limit key, ns
+// (CONTRACT.md §2: 60 s).
+const DedupeWindow = 60 * kvstate.Second
+
+// MaxDedupeEntries caps the request_id entries one key Record keeps. When a
+// key sees more distinct request_ids than this within DedupeWindow, the
+// oldest entries are dropped first, and a retry of one of those is decided
+// (and spends) again. 256 entries keep a Record under ~12 KiB.
+const MaxDedupeEntries = 256
+
+// recordVersion is the first byte of an encoded Record.
+const recordVersion = 1
+
+// Record is the value stored in the state bucket for one limit key: the
+// policy version the states were last written under, the kvstate states of
+// that policy's limits (in its limit order), and the recent request_ids
+// with the decision each got, so dedupe is atomic with the spend.
+//
+// Encoding (docs/protocol.md):
+//
+//	byte    version (1)
+//	uvarint len(policy), policy bytes
+//	uvarint policy revision
+//	uvarint len(states), states (kvstate.AppendStates)
+//	uvarint n dedupe entries, oldest first, each:
+//	  [16]byte id hash, varint at (ns), byte flags (1 allowed, 2 shadow_denied),
+//	  varint remaining, varint retry_after, varint reset_after, uvarint revision
+type Record struct {
+	Policy   string          // the policy the states were last written under
+	Revision uint64          // that policy's KV revision
+	States   []kvstate.State // one per limit, in the policy's limit order
+	Dedupe   []DedupeEntry   // recent request_ids, oldest first
+}
+
+// DedupeEntry is one remembered request_id.
+type DedupeEntry struct {
+	ID [16]byte // IDHash of the request_id
+	At int64    // ns (Unix) when first decided
+	D  Decision // the decision it got
+}
+
+const (
+	flagAllowed = 1
+	// flagShadowDenied marked a v1 inline shadow denial (the request was
+	// admitted). Nodes since CONTRACT v1.1 never write it; a record that
+	// has it decodes as an admission.
+	flagShadowDenied = 2
+)
+
+// SizeHint is a capacity that usually holds r's encoding, so
+// encoding allocates once.
+func SizeHint(r *Record) int {
+	return 32 + len(r.Policy) + 40*len(r.States) + 48*len(r.Dedupe)
+}
+
+// Append appends the encoding of r to dst.
+func Append(dst []byte, r *Record) []byte {
+	dst = append(dst, recordVersion)
+	dst = binary.AppendUvarint(dst, uint64(len(r.Policy)))
+	dst = append(dst, r.Policy...)
+	dst = binary.AppendUvarint(dst, r.Revision)
+	// The states' length prefix is a uvarint: encode the states after a
+	// one-byte gap and widen the gap only when they are 128 bytes or more.
+	at := len(dst)
+	dst = append(dst, 0)
+	dst = kvstate.AppendStates(dst, r.States)
+	n := len(dst) - at - 1
+	if n < 0x80 {
+		dst[at] = byte(n)
+	} else {
+		var pre [binary.MaxVarintLen64]byte
+		w := binary.PutUvarint(pre[:], uint64(n))
+		dst = append(dst, pre[:w-1]...)
+		copy(dst[at+w:], dst[at+1:at+1+n])
+		copy(dst[at:], pre[:w])
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(r.Dedupe)))
+	for i := range r.Dedupe {
+		e := &r.Dedupe[i]
+		dst = append(dst, e.ID[:]...)
+		dst = binary.AppendVarint(dst, e.At)
+		var f byte
+		if e.D.Allowed {
+			f |= flagAllowed
+		}
+		dst = append(dst, f)
+		dst = binary.AppendVarint(dst, e.D.Remaining)
+		dst = binary.AppendVarint(dst, e.D.RetryAfter)
+		dst = binary.AppendVarint(dst, e.D.ResetAfter)
+		dst = binary.AppendUvarint(dst, e.D.Revision)
+	}
+	return dst
+}
+
+// reader decodes with bounds checks; the first error sticks.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) fail(what string) {
+	if r.err == nil {
+		r.err = fmt.Errorf("%w: %s", ErrCorrupt, what)
+	}
+}
+
+func (r *reader) uvarint(what string) uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.fail(what)
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) varint(what string) int64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.fail(what)
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) bytes(n uint64, what string) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n > uint64(len(r.b)) {
+		r.fail(what + " truncated")
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+// Decode decodes a stored Record. Errors wrap ErrCorrupt (or
+// kvstate.ErrCorrupt for the states part); it never panics.
+func Decode(b []byte) (Record, error) {
+	var rec Record
+	if len(b) == 0 || b[0] != recordVersion {
+		return rec, fmt.Errorf("%w: unknown version", ErrCorrupt)
+	}
+	r := reader{b: b[1:]}
+	rec.Policy = string(r.bytes(r.uvarint("policy length"), "policy"))
+	rec.Revision = r.uvarint("revision")
+	st := r.bytes(r.uvarint("states length"), "states")
+	n := r.uvarint("dedupe count")
+	if r.err != nil {
+		return Record{}, r.err
+	}
+	if n > MaxDedupeEntries {
+		return Record{}, fmt.Errorf("%w: %d dedupe entries, at most %d", ErrCorrupt, n, MaxDedupeEntries)
+	}
+	states, err := kvstate.DecodeStates(st, nil)
+	if err != nil {
+		return Record{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	rec.States = states
+	if n > 0 {
+		rec.Dedupe = make([]DedupeEntry, 0, n)
+	}
+	for i := uint64(0); i < n && r.err == nil; i++ {
+		var e DedupeEntry
+		copy(e.ID[:], r.bytes(16, "id"))
+		e.At = r.varint("at")
+		f := r.bytes(1, "flags")
+		if r.err == nil {
+			if f[0]&^(flagAllowed|flagShadowDenied) != 0 {
+				r.fail("unknown flags")
+			}
+			e.D.Allowed = f[0]&flagAllowed != 0
+		}
+		e.D.Remaining = r.varint("remaining")
+		e.D.RetryAfter = r.varint("retry_after")
+		e.D.ResetAfter = r.varint("reset_after")
+		e.D.Revision = r.uvarint("entry revision")
+		rec.Dedupe = append(rec.Dedupe, e)
+	}
+	if r.err == nil && len(r.b) != 0 {
+		r.fail("trailing bytes")
+	}
+	if r.err != nil {
+		return Record{}, r.err
+	}
+	rec.fixPolicy()
+	return rec, nil
+}
+
+// fixPolicy fills the policy name of the remembered decisions: it is
+// the Record's (a key belongs to one policy), so it is not stored per entry.
+func (r *Record) fixPolicy() {
+	for i := range r.Dedupe {
+		r.Dedupe[i].D.Policy = r.Policy
+	}
+}
+
+// PeekPolicy returns the policy name and revision a stored Record was
+// written under, without decoding the rest.
+func PeekPolicy(b []byte) (string, uint64, bool) {
+	if len(b) == 0 || b[0] != recordVersion {
+		return "", 0, false
+	}
+	r := reader{b: b[1:]}
+	name := string(r.bytes(r.uvarint("policy length"), "policy"))
+	rev := r.uvarint("revision")
+	return name, rev, r.err == nil
+}
+
+// FindDedupe returns the remembered decision for id, if any.
+func (r *Record) FindDedupe(id [16]byte) (Decision, bool) {
+	for i := len(r.Dedupe) - 1; i >= 0; i-- {
+		if r.Dedupe[i].ID == id {
+			return r.Dedupe[i].D, true
+		}
+	}
+	return Decision{}, false
+}
+
+// PruneDedupe drops entries older than DedupeWindow at now.
+func (r *Record) PruneDedupe(now int64) {
+	i := 0
+	for i < len(r.Dedupe) && now-r.Dedupe[i].At >= DedupeWindow {
+		i++
+	}
+	if i > 0 {
+		r.Dedupe = append(r.Dedupe[:0:0], r.Dedupe[i:]...)
+	}
+}
+
+// AddDedupe remembers id's decision, dropping the oldest entry beyond
+// MaxDedupeEntries. The slice is copied, never modified in place, so a
+// Record shared with a pending write stays intact.
+func (r *Record) AddDedupe(id [16]byte, now int64, d Decision) {
+	start := 0
+	if len(r.Dedupe) >= MaxDedupeEntries {
+		start = len(r.Dedupe) - MaxDedupeEntries + 1
+	}
+	n := make([]DedupeEntry, 0, len(r.Dedupe)-start+1)
+	n = append(n, r.Dedupe[start:]...)
+	r.Dedupe = append(n, DedupeEntry{ID: id, At: now, D: d})
+}

@@ -1,0 +1,160 @@
+package keys
+
+import (
+	"fmt"
+	"math/big"
+	"sync"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/fail"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
+	"github.com/limitmesh/limitmesh/policies"
+)
+
+// Local mode: each node decides alone, from memory. A local-mode key's
+// state never leaves the node that received the request: no KV read or
+// write, no forwarding. Every node enforces the whole limit, so N nodes
+// admit at most N × burst (windows: N × limit per window) where the
+// contract allows burst: the overshoot bound is (N − 1) × burst (mesh.OvershootBound).
+//
+// The table is bounded: at most max keys. A key is evicted only once it
+// is at rest, i.e. idle long enough that a fresh state decides exactly
+// like its own (bucket refilled, windows rolled over) and its request_ids
+// are past keyrec.DedupeWindow, so eviction never adds admissions. When the
+// table is full of keys that are not at rest, a new key is answered 503
+// (unavailable) rather than admitted without a limit.
+
+// DefaultLocalMaxKeys is the most local-mode keys one node holds.
+const DefaultLocalMaxKeys = 100_000
+
+// localSweepEvery is the least time between two sweeps forced by a full
+// table (ns).
+const localSweepEvery = kvstate.Second
+
+// localTable holds the local-mode keys of one node.
+type localTable struct {
+	mu        sync.Mutex
+	m         map[string]*localEntry
+	max       int
+	lastSweep int64 // ns
+}
+
+// localEntry is one local-mode key: an owner core that is always loaded
+// and never writes (only its decide is used).
+type localEntry struct {
+	mu       sync.Mutex
+	o        *owner
+	lastUsed int64 // ns
+}
+
+func newLocalTable(max int) *localTable {
+	return &localTable{m: make(map[string]*localEntry), max: max}
+}
+
+func (t *localTable) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
+}
+
+// decide decides c for key at now and finishes it (c.out or c.err); the
+// caller replies.
+func (t *localTable) decide(env Env, key string, c *Call, now int64) {
+	t.mu.Lock()
+	e := t.m[key]
+	if e == nil {
+		if len(t.m) >= t.max && now-t.lastSweep >= localSweepEvery {
+			t.sweepLocked(env, now)
+		}
+		if len(t.m) >= t.max {
+			t.mu.Unlock()
+			c.Err = fmt.Errorf("%w: local key table full (%d keys)", fail.ErrUnavailable, t.max)
+			return
+		}
+		o := newOwner(env, 1, 0)
+		o.loaded = true
+		e = &localEntry{o: o}
+		t.m[key] = e
+	}
+	e.mu.Lock()
+	t.mu.Unlock()
+	defer e.mu.Unlock()
+	e.lastUsed = max(e.lastUsed, now)
+	e.o.decide(&e.o.rec, c, now)
+}
+
+// sweep evicts the keys at rest at now.
+func (t *localTable) sweep(now int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.sweepLocked(nil, now)
+}
+
+func (t *localTable) sweepLocked(env Env, now int64) {
+	t.lastSweep = now
+	for k, e := range t.m {
+		e.mu.Lock()
+		if env == nil {
+			env = e.o.env
+		}
+		if atRest(env, &e.o.rec, now-e.lastUsed) {
+			delete(t.m, k)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// atRest reports whether a key whose record is rec and that has been idle
+// for idle ns decides exactly like a key never seen: each limit of the
+// policy in force is refilled or rolled over, and no request_id is
+// remembered any more. A record whose policy is gone is at rest.
+func atRest(env Env, rec *keyrec.Record, idle int64) bool {
+	if len(rec.Dedupe) > 0 && idle < keyrec.DedupeWindow {
+		return false
+	}
+	p := env.Current(rec.Policy)
+	if p == nil {
+		return true
+	}
+	return idle >= restSpan(p)
+}
+
+// restSpan is how long (ns) an idle key of p takes to come to rest: for a
+// bucket the time to refill from empty, for a window algorithm two
+// windows (the current one and the one a sliding window weighs), for a
+// concurrency limit the hold expiry.
+func restSpan(p *policies.Policy) int64 {
+	var span int64
+	for _, l := range p.Limits {
+		var s int64
+		if l.Algorithm.Bucket() {
+			s = ceilDiv(l.Burst, l.Rate, kvstate.Second)
+		} else {
+			s = satAdd(l.Window, l.Window)
+		}
+		span = max(span, s)
+	}
+	return span
+}
+
+// ceilDiv is ceil(a × scale / b) for a, scale >= 0 and b > 0, saturated
+// to the int64 range.
+func ceilDiv(a, b, scale int64) int64 {
+	if b <= 0 {
+		return 1<<63 - 1
+	}
+	v := new(big.Int).Mul(big.NewInt(a), big.NewInt(scale))
+	v.Add(v, big.NewInt(b-1))
+	v.Quo(v, big.NewInt(b))
+	if !v.IsInt64() {
+		return 1<<63 - 1
+	}
+	return v.Int64()
+}
+
+func satAdd(a, b int64) int64 {
+	if a > (1<<63-1)-b {
+		return 1<<63 - 1
+	}
+	return a + b
+}

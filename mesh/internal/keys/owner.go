@@ -1,0 +1,654 @@
+package keys
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/fail"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
+	"github.com/limitmesh/limitmesh/policies"
+)
+
+// The owner core: the per-key state machine that turns decide calls and
+// store results into store operations and replies. It does no I/O, reads no
+// clock and starts no goroutine, so tests drive it by hand (in the manner
+// of etcd raft's Ready/Advance); the driver in run.go does the I/O around
+// it.
+//
+// Protocol. Calls are submitted in arrival order. next(now) returns one
+// action: load the key's record, write a new keyrec.Record with an expected
+// revision, or nothing; plus the calls finished since the last next. After
+// a load or write the driver reports the result (loaded, written) and calls
+// next again. At most one store operation is outstanding per key.
+//
+// Group commit. Calls that queue while a store operation is outstanding
+// are decided together, in order, against the cached record, and every
+// state change among them goes out in one compare-and-swap write. In strict
+// mode each of them is answered only once the write that contains it is
+// acknowledged. A batch that changes nothing (denials without request_id,
+// dry runs, remembered request_ids) is answered at once.
+//
+// Conflicts. A write that loses the compare-and-swap (another node wrote
+// the key) drops the cache; the calls go back to the head of the queue,
+// and after a reload they are decided again against the fresh record. A
+// Call that has been in maxConflicts lost writes, or whose deadline passes
+// while queued, fails with fail.ErrUnavailable.
+//
+// Async mode (calls whose policy in force has mode async). Such a Call is
+// answered as soon as it is decided, from the cached record: the change
+// stays in memory (the owner is dirty) and is written behind. The first
+// change after a write asks the driver to arm a timer (action.arm); when
+// it fires the driver calls requestFlush, and the next next writes the
+// whole keyrec.Record (every change of the interval in one CAS) as soon as no
+// other store operation is outstanding. While an async write is
+// outstanding, async calls keep being decided (decideInline), so a hot
+// key is not held up by its writes. A lost CAS drops the unwritten
+// changes and reloads (the documented overshoot of async mode); a write
+// that fails otherwise is retried with the same expected revision at the
+// next interval (if it did land, that retry loses the CAS and reloads a
+// keyrec.Record that contains it). A strict Call that meets unwritten async
+// changes is decided on top of them, and its write carries them.
+//
+// Blind create. A key this node has never read may well be absent from
+// the store (a new key), and an absent key needs no read: when the driver
+// allows it (owner.blind, set on a new owner), the first batch of strict
+// calls is decided against the empty keyrec.Record and written with expected
+// revision 0 (the key must not exist), with no load first. Strictness is
+// kept by the compare-and-swap: the calls are answered only once that
+// write is acknowledged, and if the key does exist the write loses, the
+// calls are decided again after a load (a blind loss does not count
+// toward maxConflicts). A batch that would write nothing (denials, dry
+// runs) is not answered from the empty record: the key is loaded first.
+// Only one blind start per owner (strict or async, below).
+//
+// Blind async start. Async calls are answered before any write, so for them
+// the blind start is the async bound's own case: when the driver allows
+// it, the first async Call on a key this node has never read is decided
+// inline against the empty keyrec.Record (o.unread), and the first write of the
+// key (write-behind or a strict write carrying it) is a blind create. If
+// the key did exist, that write loses the compare-and-swap: the changes
+// decided since are dropped and counted as lost, and the key is reloaded,
+// exactly as after another writer's win (at most the async bound). A Call
+// that would change nothing against the empty keyrec.Record (a dry run, a denial)
+// is not answered from it: the key is loaded first.
+//
+// Corrupt records. A stored keyrec.Record this node cannot decode starts the key
+// conservatively EMPTY at the instant of the load: every limit as it is
+// right after spending its whole capacity, so corrupt state never admits
+// more than the limits allow.
+
+// Env gives the owner core the policy versions it needs.
+type Env interface {
+	// Current returns the live policy named name, or nil.
+	Current(name string) *policies.Policy
+	// Version returns version rev of policy name and the instant (ns) it
+	// was written, if known.
+	Version(name string, rev uint64) (*policies.Policy, int64, bool)
+}
+
+// Call is one decide request travelling through a key's owner.
+type Call struct {
+	Policy   *policies.Policy // resolved when the request arrived
+	Cost     int64            // micro-units
+	ID       [16]byte         // request_id hash (keyrec.IDHash), when HasID
+	HasID    bool
+	DryRun   bool
+	Deadline int64 // ns; the call fails with fail.ErrUnavailable at or after it
+
+	// Results, set when the call is finished.
+	Out keyrec.Decision
+	Err error
+	// Deduped is true when the reply is a remembered request_id's.
+	Deduped bool
+
+	// Done is the driver's continuation (the reply to send); the core
+	// never reads it.
+	Done Finisher
+
+	conflicts int           // lost writes this call was part of
+	mode      policies.Mode // of the policy version that decided it
+}
+
+// Finisher is told once that its call is finished (c.Out or c.Err set).
+type Finisher interface{ Finish(c *Call) }
+
+type actionKind uint8
+
+const (
+	actNone  actionKind = iota
+	actLoad             // Get the key, then loaded()
+	actWrite            // Update(key, value, rev), then written()
+)
+
+// action is what the driver does next.
+type action struct {
+	kind     actionKind
+	value    []byte // actWrite: the encoded keyrec.Record
+	rev      uint64 // actWrite: the expected revision
+	deadline int64  // ns: the latest deadline among the calls waiting on it
+	finished []*Call
+	// arm asks the driver to Call requestFlush after the async interval:
+	// the owner holds changes that are not written yet.
+	arm bool
+	// blind marks an actWrite that is a blind create (expected revision
+	// 0 without a load): losing it is the normal outcome for a key that
+	// exists, not a sign of another owner.
+	blind bool
+}
+
+// noDeadline is the deadline of a write no Call waits on (async
+// write-behind): the driver bounds it by its own write timeout.
+const noDeadline = 1<<63 - 1
+
+// owner is the core for one limit key. It is not safe for concurrent use:
+// the driver serializes access.
+type owner struct {
+	env          Env
+	maxConflicts int
+	// ttl is the state bucket's idle expiry (ns; 0: none). A key whose
+	// cached keyrec.Record was last written ttl/2 ago is written again with its
+	// next batch, even if that batch changes nothing, so traffic that is
+	// only denied still keeps the stored state from expiring (and a key
+	// that did expire is noticed by the CAS of that write).
+	ttl       int64
+	lastWrite int64 // ns of the batch of the last acknowledged write; 0 after a load
+	batchAt   int64 // ns of the outstanding write's batch
+
+	loaded bool
+	// rec is the node's view of the key when loaded: the stored keyrec.Record
+	// plus every change decided since (in the outstanding write, or
+	// unwritten async changes).
+	rec keyrec.Record
+	rev uint64 // the revision of the last keyrec.Record read or written; 0 when absent
+	// stored is true when the store holds a keyrec.Record of the key (as far as
+	// this node knows): an absent key has nothing to keep alive.
+	stored bool
+
+	// blind allows one blind create (see above); it is cleared when
+	// used or when the key is loaded. blindWrite marks the outstanding
+	// write as one.
+	blind      bool
+	blindWrite bool
+	// unread is true while rec was started empty without a read (blind
+	// async start) and no write of it has been acknowledged: every write
+	// meanwhile is a blind create.
+	unread bool
+
+	busy     bool    // a load or write is outstanding
+	loadAt   int64   // ns the outstanding load was asked for
+	queue    []*Call // waiting to be decided
+	inflight []*Call // decided, in the outstanding write
+	finished []*Call // done, not yet handed to the driver
+
+	// Async write-behind.
+	asyncWrite bool   // the outstanding write is a write-behind (no Call waits on it)
+	dirty      bool   // rec holds async changes not yet written (or in an outstanding write)
+	gen        uint64 // counts async changes
+	writeGen   uint64 // gen when the outstanding write was encoded
+	armed      bool   // a flush timer is pending
+	flushReq   bool   // the timer fired: write the dirty keyrec.Record
+	// lost counts async changes dropped by a lost CAS (the overshoot of
+	// async mode), for the driver's metrics.
+	lost int
+
+	// limits is DecideAll's input, the limits of policy version
+	// limitsOf (parsed policies are never modified); spare is reused
+	// for its output.
+	limits   []kvstate.Limit
+	limitsOf *policies.Policy
+	spare    []kvstate.State
+	// corrupt counts stored records that could not be decoded.
+	corrupt int
+}
+
+func newOwner(env Env, maxConflicts int, ttl int64) *owner {
+	return &owner{env: env, maxConflicts: maxConflicts, ttl: ttl}
+}
+
+// submit queues c.
+func (o *owner) submit(c *Call) { o.queue = append(o.queue, c) }
+
+// idle reports whether the owner has nothing queued, outstanding or
+// unwritten: only an idle owner may be dropped from memory.
+func (o *owner) idle() bool {
+	return !o.busy && len(o.queue) == 0 && len(o.finished) == 0 && !o.dirty
+}
+
+// requestFlush reports that the async interval armed by action.arm has
+// passed: the next next writes the dirty record.
+func (o *owner) requestFlush() {
+	o.armed = false
+	if o.dirty {
+		o.flushReq = true
+	}
+}
+
+// policyFor returns the policy version that decides c: the one in force if
+// it is newer than the one c arrived with.
+func (o *owner) policyFor(c *Call) *policies.Policy {
+	p := c.Policy
+	if cur := o.env.Current(p.Name); cur != nil && cur.Revision > p.Revision {
+		p = cur
+	}
+	return p
+}
+
+// decideInline decides an async Call at once, without the queue, when
+// that keeps arrival order and strictness: the key is loaded, nothing is
+// queued, no strict write is outstanding, and c's policy is async. It
+// reports whether it did; then c is finished (not handed out by next: the
+// caller replies) and arm tells the driver to arm the flush timer.
+//
+// On a key never read and with blind allowed, it starts the owner blind
+// (see Blind async start) when c changes the empty record.
+func (o *owner) decideInline(c *Call, now int64) (ok, arm bool) {
+	if len(o.queue) > 0 || (o.busy && !o.asyncWrite) {
+		return false, false
+	}
+	p := o.policyFor(c)
+	if p.Mode != policies.ModeAsync {
+		return false, false
+	}
+	if now >= c.Deadline {
+		return false, false
+	}
+	if !o.loaded {
+		if !o.blind || o.busy || c.DryRun {
+			return false, false
+		}
+		var rec keyrec.Record
+		if !o.decideWith(&rec, c, p, now) {
+			c.Out, c.Deduped = keyrec.Decision{}, false
+			return false, false
+		}
+		o.blind = false
+		o.rec, o.rev, o.loaded, o.stored, o.unread = rec, 0, true, false, true
+		o.lastWrite = 0
+		o.markDirty()
+		return true, o.armIfDirty()
+	}
+	if o.decideWith(&o.rec, c, p, now) || o.keepAliveDue(now) {
+		o.markDirty()
+	}
+	return true, o.armIfDirty()
+}
+
+func (o *owner) markDirty() {
+	o.gen++
+	o.dirty = true
+}
+
+// armIfDirty reports whether a flush timer must be armed now: there are
+// changes that no outstanding write carries, and no timer or flush is
+// pending.
+func (o *owner) armIfDirty() bool {
+	if o.dirty && !o.armed && !o.flushReq && !(o.busy && o.gen == o.writeGen) {
+		o.armed = true
+		return true
+	}
+	return false
+}
+
+// keepAliveDue reports whether the stored keyrec.Record should be written again
+// even without a change (see owner.ttl).
+func (o *owner) keepAliveDue(now int64) bool {
+	return o.ttl > 0 && now-o.lastWrite >= o.ttl/2 && o.stored
+}
+
+func (o *owner) finish(c *Call, err error) {
+	c.Err = err
+	o.finished = append(o.finished, c)
+}
+
+// next returns the next action at instant now. It must not be called while
+// a load or write is outstanding (it then returns only finished calls).
+func (o *owner) next(now int64) (a action) {
+	defer func() {
+		a.finished, o.finished = o.finished, nil
+		a.arm = o.armIfDirty()
+	}()
+	if o.busy {
+		return a
+	}
+	live := o.queue[:0]
+	for _, c := range o.queue {
+		if now >= c.Deadline {
+			o.finish(c, fmt.Errorf("%w: keyrec.Decision deadline passed", fail.ErrUnavailable))
+			continue
+		}
+		live = append(live, c)
+	}
+	clear(o.queue[len(live):])
+	o.queue = live
+	if len(o.queue) == 0 {
+		if o.loaded && o.dirty && o.flushReq {
+			return o.writeBehind(now)
+		}
+		return a
+	}
+	if !o.loaded && o.blind {
+		o.blind = false
+		if a, ok := o.blindCreate(now); ok {
+			return a
+		}
+	}
+	if !o.loaded {
+		o.busy = true
+		o.loadAt = now
+		a.kind = actLoad
+		a.deadline = maxDeadline(o.queue)
+		return a
+	}
+	write, async := false, false
+	strict := o.queue[:0]
+	for _, c := range o.queue {
+		changed := o.decide(&o.rec, c, now)
+		if c.mode == policies.ModeAsync {
+			o.finished = append(o.finished, c)
+			async = async || changed
+			continue
+		}
+		strict = append(strict, c)
+		write = write || changed
+	}
+	clear(o.queue[len(strict):])
+	o.queue = nil
+	if async {
+		o.markDirty()
+	}
+	if !write && o.keepAliveDue(now) {
+		if len(strict) > 0 {
+			write = true
+		} else {
+			o.markDirty()
+		}
+	}
+	if !write {
+		o.finished = append(o.finished, strict...)
+		if o.dirty && o.flushReq {
+			return o.writeBehind(now)
+		}
+		return a
+	}
+	// A strict write carries any unwritten async changes too.
+	o.inflight = strict
+	o.asyncWrite = false
+	o.blindWrite = o.unread
+	o.writeGen = o.gen
+	o.flushReq = false
+	o.batchAt = now
+	o.busy = true
+	a.kind = actWrite
+	a.value = keyrec.Append(make([]byte, 0, keyrec.SizeHint(&o.rec)), &o.rec)
+	a.rev = o.rev
+	a.deadline = maxDeadline(o.inflight)
+	a.blind = o.unread
+	return a
+}
+
+// blindCreate decides the queued calls against the empty keyrec.Record and
+// returns their write with expected revision 0, when they are all strict
+// and change something; otherwise it leaves the calls as they were
+// (queued, undecided) and reports false.
+func (o *owner) blindCreate(now int64) (action, bool) {
+	for _, c := range o.queue {
+		if o.policyFor(c).Mode != policies.ModeStrict {
+			return action{}, false
+		}
+	}
+	var rec keyrec.Record
+	write := false
+	for _, c := range o.queue {
+		write = o.decide(&rec, c, now) || write
+	}
+	if !write {
+		for _, c := range o.queue {
+			c.Out, c.Deduped = keyrec.Decision{}, false
+		}
+		return action{}, false
+	}
+	o.rec, o.rev, o.loaded, o.stored = rec, 0, true, false
+	o.lastWrite = 0
+	o.inflight = o.queue
+	o.queue = nil
+	o.asyncWrite = false
+	o.blindWrite = true
+	o.writeGen = o.gen
+	o.batchAt = now
+	o.busy = true
+	return action{
+		kind:     actWrite,
+		value:    keyrec.Append(make([]byte, 0, keyrec.SizeHint(&o.rec)), &o.rec),
+		deadline: maxDeadline(o.inflight),
+		blind:    true,
+	}, true
+}
+
+// writeBehind returns the write of the dirty keyrec.Record (async mode).
+func (o *owner) writeBehind(now int64) action {
+	o.asyncWrite = true
+	o.blindWrite = o.unread
+	o.writeGen = o.gen
+	o.flushReq = false
+	o.batchAt = now
+	o.busy = true
+	return action{
+		kind:     actWrite,
+		value:    keyrec.Append(make([]byte, 0, keyrec.SizeHint(&o.rec)), &o.rec),
+		rev:      o.rev,
+		deadline: noDeadline,
+		blind:    o.unread,
+	}
+}
+
+func maxDeadline(cs []*Call) int64 {
+	var d int64
+	for _, c := range cs {
+		d = max(d, c.Deadline)
+	}
+	return d
+}
+
+// loaded reports the result of an actLoad: the stored value and revision,
+// or err (wrapping kvstate.ErrNotFound for an absent key, with rev the
+// revision to expect). Another error fails the queued calls.
+func (o *owner) loadedResult(val []byte, rev uint64, err error) {
+	o.busy = false
+	o.blind, o.unread = false, false
+	switch {
+	case err == nil:
+		rec, derr := keyrec.Decode(val)
+		if derr != nil {
+			// A keyrec.Record this node cannot read starts conservatively
+			// empty (never a fresh burst: that could double-spend); the
+			// next write replaces it (its revision is kept for the CAS).
+			o.corrupt++
+			if len(o.queue) == 0 {
+				o.loaded = false // no policy to build it for: load again when asked
+				return
+			}
+			rec = emptyRecord(o.policyFor(o.queue[0]), o.loadAt)
+		}
+		o.rec, o.rev, o.loaded, o.stored = rec, rev, true, true
+		o.lastWrite = 0
+	case errors.Is(err, kvstate.ErrNotFound):
+		o.rec, o.rev, o.loaded, o.stored = keyrec.Record{}, rev, true, false
+		o.lastWrite = 0
+	default:
+		o.loaded = false
+		for _, c := range o.queue {
+			o.finish(c, fmt.Errorf("%w: loading state: %w", fail.ErrUnavailable, err))
+		}
+		o.queue = nil
+	}
+}
+
+// written reports the result of an actWrite: the new revision, or err. It
+// returns true when the write lost a compare-and-swap.
+func (o *owner) written(rev uint64, err error) (conflict bool) {
+	o.busy = false
+	batch := o.inflight
+	o.inflight = nil
+	wasAsync, wasBlind := o.asyncWrite, o.blindWrite
+	o.asyncWrite, o.blindWrite = false, false
+	switch {
+	case err == nil:
+		o.rev, o.stored, o.unread = rev, true, false
+		o.lastWrite = o.batchAt
+		if o.gen == o.writeGen {
+			o.dirty = false
+		}
+		o.finished = append(o.finished, batch...)
+		return false
+	case errors.Is(err, kvstate.ErrConflict):
+		// Another writer got there first: what this node decided and did
+		// not write is lost (async: the documented overshoot); the
+		// strict calls of the batch are decided again after a reload.
+		o.dropCache()
+		retry := batch[:0:0]
+		for _, c := range batch {
+			if !wasBlind {
+				c.conflicts++
+			}
+			c.Out, c.Deduped = keyrec.Decision{}, false
+			if c.conflicts >= o.maxConflicts {
+				o.finish(c, fmt.Errorf("%w: %d conflicting writes", fail.ErrUnavailable, c.conflicts))
+				continue
+			}
+			retry = append(retry, c)
+		}
+		o.queue = append(retry, o.queue...)
+		return true
+	case errors.Is(err, fail.ErrFenced):
+		// This node no longer holds the key's partition: nothing was
+		// written; the calls go to the new owner, and what async changes
+		// were not written are lost (within the async bound).
+		o.dropCache()
+		for _, c := range batch {
+			o.finish(c, err)
+		}
+		return false
+	case wasAsync:
+		// The outcome is unknown: keep the keyrec.Record and retry with the
+		// same expected revision at the next interval (if this write did
+		// land, the retry loses the CAS and reloads a keyrec.Record with it).
+		return false
+	default:
+		// The outcome is unknown (the write may have landed): reload
+		// before deciding again, and fail this batch.
+		o.dropCache()
+		for _, c := range batch {
+			o.finish(c, fmt.Errorf("%w: writing state: %w", fail.ErrUnavailable, err))
+		}
+		return false
+	}
+}
+
+// dropCache forgets the cached record, counting unwritten async changes
+// as lost; the next Call reloads the key.
+func (o *owner) dropCache() {
+	if o.dirty {
+		o.lost++
+	}
+	o.loaded, o.dirty, o.flushReq, o.unread = false, false, false, false
+	o.rec = keyrec.Record{}
+}
+
+// decide decides c at now against rec, updating rec, and reports whether
+// rec changed in a way that must be written.
+func (o *owner) decide(rec *keyrec.Record, c *Call, now int64) bool {
+	return o.decideWith(rec, c, o.policyFor(c), now)
+}
+
+// decideWith is decide with c's policy resolved already (policyFor).
+func (o *owner) decideWith(rec *keyrec.Record, c *Call, p *policies.Policy, now int64) bool {
+	c.mode = p.Mode
+	if rec.Policy != p.Name || rec.Revision != p.Revision {
+		o.transition(rec, p, now)
+	}
+	rec.PruneDedupe(now)
+	if c.HasID && !c.DryRun {
+		if d, ok := rec.FindDedupe(c.ID); ok {
+			d.Policy = p.Name
+			c.Out, c.Deduped = d, true
+			return false
+		}
+	}
+	if o.limitsOf != p {
+		o.limits = o.limits[:0]
+		for _, l := range p.Limits {
+			o.limits = append(o.limits, l.Limit)
+		}
+		o.limitsOf = p
+	}
+	// Decide into the spare buffer; on admission the buffers swap (rec is
+	// the owner's own record, never shared: writes carry encoded bytes).
+	kd, states := kvstate.DecideAll(o.limits, rec.States, now, c.Cost, o.spare)
+	d := keyrec.Decision{
+		Allowed:    kd.Allowed,
+		Policy:     p.Name,
+		Revision:   p.Revision,
+		Remaining:  kd.Remaining,
+		RetryAfter: kd.RetryAfter,
+		ResetAfter: kd.ResetAfter,
+	}
+	c.Out = d
+	if c.DryRun {
+		return false
+	}
+	changed := false
+	if kd.Allowed {
+		rec.States, o.spare = states, rec.States
+		changed = true
+	} else {
+		o.spare = states
+	}
+	if c.HasID {
+		rec.AddDedupe(c.ID, now, d)
+		changed = true
+	}
+	return changed
+}
+
+// transition brings rec's states to policy p (§28). The instant of the
+// change is when p's revision was written (now if unknown). A keyrec.Record of
+// another policy starts fresh. When the old version is unknown, states
+// are kept by position where the algorithm matches, clamped to p's limits.
+func (o *owner) transition(rec *keyrec.Record, p *policies.Policy, now int64) {
+	at := now
+	if _, created, ok := o.env.Version(p.Name, p.Revision); ok && created > 0 && created < now {
+		at = created
+	}
+	var states []kvstate.State
+	switch {
+	case rec.Policy != p.Name || len(rec.States) == 0:
+		states = make([]kvstate.State, len(p.Limits))
+	default:
+		if old, _, ok := o.env.Version(rec.Policy, rec.Revision); ok {
+			states = policies.Transition(old, p, rec.States, at)
+		} else {
+			states = make([]kvstate.State, len(p.Limits))
+			for i, l := range p.Limits {
+				if i < len(rec.States) && rec.States[i].Algorithm == l.Algorithm {
+					states[i] = kvstate.Rebase(l.Limit, l.Limit, rec.States[i], at)
+				}
+			}
+		}
+	}
+	if rec.Policy != p.Name {
+		rec.Dedupe = nil
+	}
+	rec.Policy, rec.Revision, rec.States = p.Name, p.Revision, states
+}
+
+// emptyRecord is the conservative keyrec.Record of a key whose stored keyrec.Record is
+// unreadable: p's limits at now as they are right after spending their
+// whole capacity (no tokens, full windows), so it never over-admits.
+func emptyRecord(p *policies.Policy, now int64) keyrec.Record {
+	rec := keyrec.Record{Policy: p.Name, Revision: p.Revision, States: make([]kvstate.State, len(p.Limits))}
+	for i, l := range p.Limits {
+		_, rec.States[i] = kvstate.Decide(l.Limit, kvstate.State{}, now, l.Capacity())
+	}
+	return rec
+}

@@ -1,0 +1,310 @@
+// Package keys holds the limit keys a node decides: for each key an owner
+// core (owner.go) that decides calls in order and groups their writes
+// (group commit), the table of keys in memory, the driver that does each
+// core's store operations (run.go), the async write-behind timing
+// (flush.go), and the in-memory table of local-mode keys (local.go).
+//
+// The store is asynchronous (kvstate.AsyncStore): a key's runner starts
+// an operation and returns; the result continues it. Time, timers and
+// goroutines come from an rt.Runtime, so the deterministic simulation
+// drives the same code.
+//
+// keys imports kvstate, policies, keyrec, fail and rt.
+package keys
+
+import (
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/limitmesh/limitmesh/mesh/internal/rt"
+	"github.com/limitmesh/limitmesh/policies"
+)
+
+// Versions fetches policy versions that a loaded record names and the
+// node does not know (for the §28 transition).
+type Versions interface {
+	// Missing reports whether version rev of policy name must be fetched.
+	Missing(name string, rev uint64) bool
+	// Fetch reads it into the node's policy set, then calls done (on a
+	// goroutine of its own) with nil or why it could not.
+	Fetch(name string, rev uint64, timeout time.Duration, done func(error))
+}
+
+// Fencer checks, after a write of a key lost its compare-and-swap, whether
+// this node still holds the key's partition (in the epoch it serves): if
+// not, the write fails as fenced (the calls go to the new owner) instead
+// of being decided again.
+type Fencer interface {
+	Fenced(key string, timeout time.Duration, done func(fenced bool))
+}
+
+// Store is where a key's record is loaded from and written to (the state
+// journal, or the state bucket itself). Every call returns at once and
+// calls done exactly once, on a goroutine of its own.
+type Store interface {
+	// GetAsync returns key's record and revision; an error wrapping
+	// kvstate.ErrNotFound (with the revision a create must expect) when
+	// it has none.
+	GetAsync(key string, timeout time.Duration, done func(val []byte, rev uint64, err error))
+	// UpdateAsync writes value if key's revision is still rev (0: must
+	// not exist); an error wrapping kvstate.ErrConflict otherwise.
+	UpdateAsync(key string, value []byte, rev uint64, timeout time.Duration, done func(rev uint64, err error))
+}
+
+// Config configures a Table. Env, Store and Runtime are required.
+type Config struct {
+	Env      Env
+	Versions Versions // nil: records of unknown policy versions keep their states by position
+	Store    Store
+	Fencer   Fencer // nil: a lost compare-and-swap is always a conflict
+	// Partition returns a key's partition (for DropPartition and
+	// FlushPartition); nil: every key is in partition 0.
+	Partition       func(key string) int
+	Runtime         rt.Runtime
+	MaxConflicts    int           // lost writes one call may go through; default 8
+	TTL             time.Duration // the state's idle expiry (keep-alive writes); 0: none
+	AsyncInterval   time.Duration // the write-behind interval of async mode
+	DecisionTimeout time.Duration // bounds a store operation; default 500 ms
+	LocalMaxKeys    int           // default DefaultLocalMaxKeys
+	Log             *slog.Logger
+	Metrics         *Metrics // nil: none registered
+}
+
+// Table holds the limit keys this node decides. Idle entries are swept;
+// a swept key is reloaded from the store on its next call. Keys of
+// local-mode policies are in a table of their own that never touches the
+// store (local.go).
+type Table struct {
+	cfg   Config
+	log   *slog.Logger
+	m     *Metrics
+	local *localTable
+	flush flushWheel
+
+	mu      sync.Mutex
+	entries map[string]*Entry
+
+	// blindScore says whether new owners may try a blind create (owner.go):
+	// it rises when a key read for the first time is absent or a blind
+	// create wins, and falls (faster) when such a key exists or a blind
+	// create loses, within ±blindScoreMax. Blind creates are tried while
+	// it is positive, so after a handoff of existing keys they stop after
+	// a few losses, and with new keys they save each key's first read.
+	blindScore atomic.Int64
+}
+
+// blindScoreMax bounds Table.blindScore; a new table starts at
+// blindScoreStart.
+const (
+	blindScoreMax   = 16
+	blindScoreStart = 4
+)
+
+// Entry is one limit key held in memory: its owner core and whether a
+// runner is driving it. A caller may keep a pointer to it (the request
+// memo does) while Gone reports false.
+type Entry struct {
+	mu       sync.Mutex
+	o        *owner
+	running  bool
+	lastUsed int64 // ns
+	gone     bool  // removed from the table (a hint to it is stale)
+	part     int
+}
+
+// New returns an empty table.
+func New(cfg Config) *Table {
+	if cfg.MaxConflicts <= 0 {
+		cfg.MaxConflicts = 8
+	}
+	if cfg.DecisionTimeout <= 0 {
+		cfg.DecisionTimeout = 500 * time.Millisecond
+	}
+	if cfg.AsyncInterval <= 0 {
+		cfg.AsyncInterval = 100 * time.Millisecond
+	}
+	if cfg.LocalMaxKeys <= 0 {
+		cfg.LocalMaxKeys = DefaultLocalMaxKeys
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Partition == nil {
+		cfg.Partition = func(string) int { return 0 }
+	}
+	t := &Table{cfg: cfg, log: cfg.Log, m: cfg.Metrics, entries: make(map[string]*Entry),
+		local: newLocalTable(cfg.LocalMaxKeys)}
+	t.blindScore.Store(blindScoreStart)
+	return t
+}
+
+// Len returns the number of keys held (not counting local-mode keys).
+func (t *Table) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.entries)
+}
+
+func (t *Table) newOwner() *owner {
+	return newOwner(t.cfg.Env, t.cfg.MaxConflicts, int64(t.cfg.TTL))
+}
+
+// blindVote moves the blind-create score by d within its bounds.
+func (t *Table) blindVote(d int64) {
+	for {
+		v := t.blindScore.Load()
+		nv := min(max(v+d, -blindScoreMax), blindScoreMax)
+		if nv == v || t.blindScore.CompareAndSwap(v, nv) {
+			return
+		}
+	}
+}
+
+// Submit hands c to key's owner at now (Unix ns) and starts a runner if
+// none is active; c.Done is told when c is finished. A local-mode call is
+// decided at once by the local table; an async call is decided at once
+// when its owner can (owner.decideInline). hint, when not nil, caches
+// key's entry between calls (the request memo's): it is used while the
+// entry is still in the table, and set whenever the table is looked up.
+func (t *Table) Submit(key string, c *Call, now int64, hint *atomic.Pointer[Entry]) {
+	if c.Policy.Mode == policies.ModeLocal {
+		t.local.decide(t.cfg.Env, key, c, now)
+		c.Done.Finish(c)
+		return
+	}
+	var e *Entry
+	if hint != nil {
+		if e = hint.Load(); e != nil {
+			e.mu.Lock()
+			if e.gone {
+				e.mu.Unlock()
+				e = nil
+			}
+		}
+	}
+	if e == nil {
+		t.mu.Lock()
+		e = t.entries[key]
+		if e == nil {
+			e = &Entry{o: t.newOwner(), part: t.cfg.Partition(key)}
+			e.o.blind = t.blindScore.Load() > 0
+			t.entries[key] = e
+		}
+		e.mu.Lock()
+		t.mu.Unlock()
+		if hint != nil {
+			hint.Store(e)
+		}
+	}
+	e.lastUsed = now
+	if ok, arm := e.o.decideInline(c, now); ok {
+		e.mu.Unlock()
+		if arm {
+			t.armFlush(key, e)
+		}
+		c.Done.Finish(c)
+		return
+	}
+	e.o.submit(c)
+	start := !e.running
+	e.running = true
+	e.mu.Unlock()
+	if start {
+		// The runner only starts a store operation: it does not block.
+		t.run(key, e)
+	}
+}
+
+// Sweep drops the entries idle since before now-idle (Unix ns) and the
+// local-mode keys at rest at now.
+func (t *Table) Sweep(now int64, idle time.Duration) {
+	cutoff := now - int64(idle)
+	t.local.sweep(now)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, e := range t.entries {
+		e.mu.Lock()
+		if !e.running && e.o.idle() && e.lastUsed < cutoff {
+			t.removeLocked(k, e)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// removeLocked removes key's entry e; the caller holds t.mu and e.mu.
+func (t *Table) removeLocked(key string, e *Entry) {
+	e.gone = true
+	delete(t.entries, key)
+}
+
+// DropPartition drops the idle entries of partition p (its keys are
+// decided elsewhere now). A key with a runner still working is left to
+// finish; its next write is fenced.
+func (t *Table) DropPartition(p int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, e := range t.entries {
+		if e.part != p {
+			continue
+		}
+		e.mu.Lock()
+		if !e.running && e.o.idle() {
+			t.removeLocked(k, e)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// FlushPartition writes the unwritten async changes of partition p's keys
+// now (before a graceful release hands p over: they would otherwise meet
+// the next owner's epoch and be lost), then calls done once those keys
+// are idle or at deadline. No new call of p arrives meanwhile (the
+// partition no longer serves).
+func (t *Table) FlushPartition(p int, deadline time.Time, done func()) {
+	type pending struct {
+		key string
+		e   *Entry
+	}
+	var busy []pending
+	t.mu.Lock()
+	for k, e := range t.entries {
+		if e.part != p {
+			continue
+		}
+		e.mu.Lock()
+		if e.running || !e.o.idle() {
+			busy = append(busy, pending{k, e})
+		}
+		e.mu.Unlock()
+	}
+	t.mu.Unlock()
+	for _, k := range busy {
+		t.flushKey(k.key, k.e)
+	}
+	var poll func()
+	poll = func() {
+		for len(busy) > 0 {
+			e := busy[0].e
+			e.mu.Lock()
+			idle := !e.running && e.o.idle()
+			e.mu.Unlock()
+			if !idle && t.cfg.Runtime.Now().Before(deadline) {
+				t.cfg.Runtime.AfterFunc(time.Millisecond, poll)
+				return
+			}
+			busy = busy[1:]
+		}
+		done()
+	}
+	poll()
+}
+
+// Gone reports whether e was removed from its table (a hint to it is
+// stale: the key's state lives in a new entry, or in the store).
+func (e *Entry) Gone() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.gone
+}

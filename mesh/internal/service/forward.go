@@ -1,0 +1,142 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/limitmesh/limitmesh/mesh/internal/fail"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+)
+
+// Forwarding: a decide request is decided by the owner of its limit key's
+// partition. The node that receives it on <prefix>.v1.decide decides it
+// itself when it serves the partition and otherwise forwards the request
+// bytes to <prefix>.v1.shard.<n>, which only the owner subscribes to, and
+// relays the reply verbatim (docs/protocol.md, "Routing").
+
+// Headers of the routing protocol.
+const (
+	// HopHeader marks a forwarded request; a node never forwards it again.
+	HopHeader = "Limitmesh-Hop"
+	// TimeoutHeader carries the forwarder's remaining decision time (ns).
+	TimeoutHeader = "Limitmesh-Timeout"
+	// NotOwnerHeader is set (to the partition) on the 503 of a node that
+	// got a forwarded request for a partition it does not serve; the
+	// forwarder retries.
+	NotOwnerHeader = "Limitmesh-Not-Owner"
+)
+
+// forwardRetry is the pause between attempts while a partition has no
+// reachable owner (handoff, dead owner before its lease ran out).
+const forwardRetry = 3 * time.Millisecond
+
+// forward hands a request for a partition this node does not serve to its
+// owner, within the decision deadline, and relays the reply. hopped is
+// true for a request that was already forwarded once: it is not forwarded
+// again; the node waits for the partition to come to it, else answers 503
+// with NotOwnerHeader so the first forwarder retries. It runs in its own
+// goroutine and answers rq.r exactly once.
+func (s *Service) forward(rq *routed) {
+	r := rq.r
+	for {
+		if s.cfg.Route.Serving(rq.part) {
+			s.route(rq, s.cfg.Runtime.Now())
+			return
+		}
+		left := rq.deadline.Sub(s.cfg.Runtime.Now())
+		if left <= 0 {
+			break
+		}
+		if rq.hopped {
+			// Wait briefly for a move to settle here; the forwarder
+			// retries elsewhere after our 503.
+			if s.cfg.Runtime.Now().Sub(rq.start) > 4*forwardRetry {
+				s.m.forwarded.WithLabelValues("not_owner").Inc()
+				s.replyError(r, rq.p.Name, rq.start, errNotOwner, micro.WithHeaders(micro.Headers{NotOwnerHeader: []string{strconv.Itoa(rq.part)}}))
+				return
+			}
+			time.Sleep(forwardRetry)
+			continue
+		}
+		m := nats.NewMsg(s.cfg.Route.Subject(rq.part))
+		m.Data = r.Data()
+		m.Header.Set(HopHeader, "1")
+		m.Header.Set(TimeoutHeader, strconv.FormatInt(int64(left), 10))
+		ctx, cancel := context.WithDeadline(context.Background(), rq.deadline)
+		resp, err := s.cfg.Conn.RequestMsgWithContext(ctx, m)
+		cancel()
+		switch {
+		case err == nil && resp.Header.Get(NotOwnerHeader) == "":
+			s.m.forwarded.WithLabelValues("ok").Inc()
+			if rerr := r.Respond(resp.Data, micro.WithHeaders(micro.Headers(resp.Header))); rerr != nil {
+				s.log.Debug("relaying a reply failed", "error", rerr.Error())
+			}
+			s.m.duration.Observe(s.cfg.Runtime.Now().Sub(rq.start).Seconds())
+			s.inflight.Add(-1)
+			return
+		case err == nil, errors.Is(err, nats.ErrNoResponders):
+			// Not owned there (yet): retry within the deadline.
+			s.m.forwarded.WithLabelValues("retry").Inc()
+			time.Sleep(forwardRetry)
+		default:
+			// Timed out or the connection failed.
+			if rq.deadline.Sub(s.cfg.Runtime.Now()) > forwardRetry {
+				time.Sleep(forwardRetry)
+				continue
+			}
+		}
+	}
+	s.m.forwarded.WithLabelValues("unavailable").Inc()
+	s.replyError(r, rq.p.Name, rq.start, errNoOwner)
+}
+
+// errNoOwner and errNotOwner are the 503 causes of routing.
+var (
+	errNoOwner  = wrapUnavailable("no owner of the key's partition answered before the decision deadline")
+	errNotOwner = wrapUnavailable("forwarded to a node that does not own the partition")
+)
+
+func wrapUnavailable(msg string) error { return &routeError{msg: msg} }
+
+type routeError struct{ msg string }
+
+func (e *routeError) Error() string { return "mesh: unavailable: " + e.msg }
+func (e *routeError) Unwrap() error { return fail.ErrUnavailable }
+
+// msgRequest is a micro.Request over a plain subscription's message (the
+// shard subjects are plain subscriptions, not micro endpoints).
+type msgRequest struct{ m *nats.Msg }
+
+func (q msgRequest) Respond(b []byte, opts ...micro.RespondOpt) error {
+	resp := &nats.Msg{Data: b}
+	for _, o := range opts {
+		o(resp)
+	}
+	return q.m.RespondMsg(resp)
+}
+
+func (q msgRequest) RespondJSON(v any, opts ...micro.RespondOpt) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return micro.ErrMarshalResponse
+	}
+	return q.Respond(b, opts...)
+}
+
+func (q msgRequest) Error(code, desc string, data []byte, opts ...micro.RespondOpt) error {
+	resp := &nats.Msg{Header: nats.Header{micro.ErrorHeader: {desc}, micro.ErrorCodeHeader: {code}}}
+	for _, o := range opts {
+		o(resp)
+	}
+	resp.Data = data
+	return q.m.RespondMsg(resp)
+}
+
+func (q msgRequest) Data() []byte           { return q.m.Data }
+func (q msgRequest) Headers() micro.Headers { return micro.Headers(q.m.Header) }
+func (q msgRequest) Subject() string        { return q.m.Subject }
+func (q msgRequest) Reply() string          { return q.m.Reply }

@@ -1,0 +1,306 @@
+// Package service is the decide endpoint: it decodes a decide request,
+// finds the policy in force and the limit key, and routes the call to the
+// key's owner on this node (keys) when this node serves the key's
+// partition, or forwards it to the partition's owner (forward.go); it
+// sends the reply. It also remembers recent request bodies (memo.go).
+//
+// service imports policies, kvstate, keyrec, keys, route, policyset, fail
+// and rt; the node (package mesh) wires it to the micro service and the
+// shard subjects.
+package service
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/limitmesh/limitmesh/mesh/internal/fail"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
+	"github.com/limitmesh/limitmesh/mesh/internal/keys"
+	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
+	"github.com/limitmesh/limitmesh/mesh/internal/policyset"
+	"github.com/limitmesh/limitmesh/mesh/internal/route"
+	"github.com/limitmesh/limitmesh/mesh/internal/rt"
+	"github.com/limitmesh/limitmesh/policies"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+)
+
+// Config configures a Service.
+type Config struct {
+	// Conn sends replies and forwarded requests; nil in offline tests
+	// (replies through the request's Respond, nothing forwarded).
+	Conn     *nats.Conn
+	Policies *policyset.Set
+	Keys     *keys.Table
+	// Route is the routing table; nil: every key is decided here.
+	Route           *route.Table
+	Runtime         rt.Runtime
+	DecisionTimeout time.Duration
+	Log             *slog.Logger
+	Metrics         *Metrics
+}
+
+// Service answers decide requests. Its methods are safe for concurrent use.
+type Service struct {
+	cfg      Config
+	log      *slog.Logger
+	m        *Metrics
+	memo     reqMemo
+	routed   sync.Pool // *routed values, recycled once answered
+	inflight atomic.Int64
+}
+
+// New returns a service.
+func New(cfg Config) *Service {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Service{cfg: cfg, log: cfg.Log, m: cfg.Metrics}
+}
+
+// Inflight returns the number of requests received and not yet answered.
+func (s *Service) Inflight() int64 { return s.inflight.Load() }
+
+// HandleMsg handles a request that came on a plain subscription (a shard
+// subject).
+func (s *Service) HandleMsg(m *nats.Msg) { s.Handle(msgRequest{m}) }
+
+// routed is a decide request on its way to the owner of its key. It
+// carries the call the owner decides, the partition slot that counts it in
+// flight and the reply's buffer, and is recycled once answered (one per
+// decision, they were the largest part of a node's garbage).
+type routed struct {
+	s        *Service
+	r        micro.Request
+	req      request
+	p        *policies.Policy
+	key      string
+	hint     *atomic.Pointer[keys.Entry] // the key's entry, cached (keys.Table.Submit)
+	part     int
+	start    time.Time // when this node received it
+	deadline time.Time // decision deadline on this node
+	hopped   bool      // it was forwarded to this node (never forward again)
+
+	c    keys.Call   // the call being decided (submit)
+	slot *route.Slot // counts c in flight in its partition; nil: not counted
+	buf  [replyBufSize]byte
+}
+
+// replyBufSize holds a usual decision reply without allocating.
+const replyBufSize = 208
+
+// Handle is the handler of the decide endpoint and of the shard subjects.
+// It validates the request, resolves the policy and the limit key, and
+// routes the call. The reply is sent when the call finishes. It never
+// blocks on I/O and never panics: a panic is answered with a 500.
+func (s *Service) Handle(r micro.Request) {
+	start := s.cfg.Runtime.Now()
+	s.inflight.Add(1)
+	handed := false
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("panic in decide handler", "panic", fmt.Sprint(v))
+			if !handed {
+				s.replyError(r, "", start, fmt.Errorf("%w: %v", fail.ErrInternal, v))
+			}
+		}
+	}()
+	snap := s.cfg.Policies.Snapshot()
+	var (
+		req  request
+		p    *policies.Policy
+		key  string
+		part = -1
+		hint *atomic.Pointer[keys.Entry]
+	)
+	if m := s.memo.get(r.Data(), snap); m != nil {
+		req, p, key, part, hint = m.req, m.p, m.key, m.part, &m.ent
+	} else {
+		var err error
+		if req, err = decodeRequest(r.Data()); err != nil {
+			s.replyError(r, "", start, err)
+			return
+		}
+		if p = snap.Match(req.desc); p == nil {
+			if !req.dryRun {
+				s.m.decision("", resAllowed)
+			}
+			s.replyOK(r, start, keyrec.Decision{Allowed: true}, -1, nil)
+			return
+		}
+		if key, err = p.LimitKey(req.desc); err != nil {
+			if !req.dryRun {
+				s.m.decision(p.Name, resError)
+			}
+			s.replyError(r, p.Name, start, fmt.Errorf("%w: %v", fail.ErrBadRequest, err))
+			return
+		}
+		if s.cfg.Route != nil {
+			part = ownership.PartitionOf(key, s.cfg.Route.Parts())
+		}
+		if m := s.memo.put(r.Data(), snap, req, p, key, part); m != nil {
+			hint = &m.ent
+		}
+	}
+	rq, _ := s.routed.Get().(*routed)
+	if rq == nil {
+		rq = new(routed)
+	}
+	*rq = routed{s: s, r: r, req: req, p: p, key: key, part: part, hint: hint, start: start,
+		deadline: start.Add(s.cfg.DecisionTimeout)}
+	if h := r.Headers(); h != nil {
+		rq.hopped = h.Get(HopHeader) != ""
+		if ns, err := strconv.ParseInt(h.Get(TimeoutHeader), 10, 64); err == nil && ns > 0 && time.Duration(ns) < s.cfg.DecisionTimeout {
+			rq.deadline = start.Add(time.Duration(ns))
+		}
+	}
+	handed = true
+	s.route(rq, start)
+}
+
+// route decides rq here when this node serves its partition (or the
+// policy is local), and forwards it otherwise. now is the current time
+// (one clock read serves the whole path).
+func (s *Service) route(rq *routed, now time.Time) {
+	rt := s.cfg.Route
+	if rt == nil || rq.part < 0 || rq.p.Mode == policies.ModeLocal {
+		s.submit(rq, nil, now)
+		return
+	}
+	slot := rt.Slot(rq.part)
+	slot.Inflight.Add(1)
+	if rt.ServingAt(rq.part, rt.MonoAt(now)) {
+		s.submit(rq, slot, now)
+		return
+	}
+	slot.Inflight.Add(-1)
+	go s.forward(rq)
+}
+
+// submit hands rq to its key's owner on this node. slot, when not nil,
+// counts the call as in flight in its partition until it finishes.
+func (s *Service) submit(rq *routed, slot *route.Slot, at time.Time) {
+	now := at.UnixNano()
+	// A call is submitted again only after its previous submission
+	// finished (fenced: Finish forwards it), so rq.c is free.
+	rq.c = keys.Call{
+		Policy:   rq.p,
+		Cost:     rq.req.cost,
+		DryRun:   rq.req.dryRun,
+		Deadline: now + int64(rq.deadline.Sub(at)),
+		Done:     rq,
+	}
+	if rq.req.id != "" {
+		rq.c.ID, rq.c.HasID = keyrec.IDHash(rq.req.id), true
+	}
+	rq.slot = slot
+	s.cfg.Keys.Submit(rq.key, &rq.c, now, rq.hint)
+}
+
+// Finish implements keys.Finisher: it sends the reply, or forwards rq when
+// this node lost the partition while deciding.
+func (rq *routed) Finish(c *keys.Call) {
+	s := rq.s
+	if rq.slot != nil {
+		rq.slot.Inflight.Add(-1)
+	}
+	if errors.Is(c.Err, fail.ErrFenced) && rq.slot != nil && rq.deadline.Sub(s.cfg.Runtime.Now()) > 0 {
+		// Nothing was written: this node lost the partition while
+		// deciding. The new owner decides.
+		go s.forward(rq)
+		return
+	}
+	s.finish(c, rq)
+	// Answered: nothing refers to rq any more (the owner handed c out,
+	// the reply was copied out), so the next request may reuse it. A
+	// forwarded rq is left to the garbage collector.
+	*rq = routed{}
+	s.routed.Put(rq)
+}
+
+// finish sends the reply of rq's call c, which the owner finished.
+func (s *Service) finish(c *keys.Call, rq *routed) {
+	r := rq.r
+	if c.Err != nil {
+		if !c.DryRun {
+			s.m.decision(c.Policy.Name, resError)
+		}
+		s.replyError(r, c.Policy.Name, rq.start, c.Err)
+		return
+	}
+	switch {
+	case c.Deduped:
+		s.m.deduped.Inc()
+	case c.DryRun:
+	case c.Out.Allowed:
+		s.m.decision(c.Out.Policy, resAllowed)
+	default:
+		s.m.decision(c.Out.Policy, resDenied)
+	}
+	part := rq.part
+	if rq.p.Mode == policies.ModeLocal {
+		part = -1 // any node decides a local key: no hint
+	}
+	s.replyOK(r, rq.start, c.Out, part, rq.buf[:0])
+}
+
+// replyOK sends a decision, encoded into buf (the reply is copied out
+// before it returns); part is the limit key's partition (the reply's
+// "partition" hint), or -1.
+func (s *Service) replyOK(r micro.Request, start time.Time, d keyrec.Decision, part int, buf []byte) {
+	if err := s.respond(r, appendReply(buf, d, part)); err != nil {
+		s.log.Debug("reply failed", "error", err.Error())
+	}
+	s.m.duration.Observe(s.cfg.Runtime.Now().Sub(start).Seconds())
+	s.inflight.Add(-1)
+}
+
+// respond publishes a decision reply to r's reply subject. It is
+// r.Respond without the message value Respond allocates for every reply:
+// a decision reply has no headers, and the micro endpoint counts a request
+// whether or not its handler used Respond. Without a connection (offline
+// tests) it uses r.Respond.
+func (s *Service) respond(r micro.Request, data []byte) error {
+	if s.cfg.Conn == nil {
+		return r.Respond(data)
+	}
+	reply := r.Reply()
+	if reply == "" {
+		return nats.ErrMsgNoReply
+	}
+	return s.cfg.Conn.Publish(reply, data)
+}
+
+// replyError answers with a micro error: code, description and the JSON
+// body {"error": symbol, "message": text} (CONTRACT.md §2).
+func (s *Service) replyError(r micro.Request, policy string, start time.Time, err error, opts ...micro.RespondOpt) {
+	code, symbol, sentinel := "500", "internal", fail.ErrInternal
+	switch {
+	case errors.Is(err, fail.ErrTooLarge):
+		code, symbol, sentinel = "413", "too_large", fail.ErrTooLarge
+	case errors.Is(err, fail.ErrBadRequest), errors.Is(err, policies.ErrInvalid):
+		code, symbol, sentinel = "400", "bad_request", fail.ErrBadRequest
+	case errors.Is(err, fail.ErrForbidden):
+		code, symbol, sentinel = "403", "forbidden", fail.ErrForbidden
+	case errors.Is(err, fail.ErrUnavailable), errors.Is(err, fail.ErrFenced):
+		code, symbol, sentinel = "503", "unavailable", fail.ErrUnavailable
+	}
+	// The symbol already says what the sentinel says: the message is the
+	// rest ("descriptor.plan: missing; …", not "mesh: bad request: …").
+	msg := strings.TrimPrefix(err.Error(), sentinel.Error()+": ")
+	if rerr := r.Error(code, msg, errorBody(symbol, msg), opts...); rerr != nil {
+		s.log.Debug("error reply failed", "error", rerr.Error())
+	}
+	s.m.errors.WithLabelValues(code).Inc()
+	if code == "500" {
+		s.log.Error("decide failed", "policy", policy, "error", msg)
+	}
+	s.m.duration.Observe(s.cfg.Runtime.Now().Sub(start).Seconds())
+	s.inflight.Add(-1)
+}

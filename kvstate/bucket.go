@@ -31,8 +31,8 @@ func bucketFull(l Limit) u128 { return mul64(uint64(l.Burst), l.per()) }
 // divmodPer returns x/p and x%p, with the constant-divisor fast path for
 // the common p = 1e9.
 func divmodPer(x u128, p uint64) (u128, uint64) {
-	if p == nano {
-		return x.divmodNano()
+	if p == nano && x.hi == 0 {
+		return u128{0, x.lo / nano}, x.lo % nano
 	}
 	return x.divmod(p)
 }
@@ -53,12 +53,13 @@ func rescale(c u128, from, to uint64) u128 {
 // capacity) and returns the decision and the credit left. l must be
 // usable. lag is how far the caller's now is behind the instant the credit
 // is as of (a clock stepping backwards): RetryAfter and ResetAfter count
-// from the caller's now, so they include it.
-func bucketDecide(l Limit, credit u128, cost int64, lag uint64) (Decision, u128) {
+// from the caller's now, so they include it. The credit left is
+// d.Remaining micro-units plus frac ticks.
+func bucketDecide(l Limit, credit u128, cost int64, lag uint64) (d Decision, after u128, frac uint64) {
 	rate, p := uint64(l.Rate), l.per()
 	full := bucketFull(l)
-	d := Decision{Allowed: true}
-	after := credit
+	d.Allowed = true
+	after = credit
 	switch {
 	case cost <= 0:
 		// A probe: admitted, spends nothing.
@@ -74,12 +75,12 @@ func bucketDecide(l Limit, credit u128, cost int64, lag uint64) (Decision, u128)
 			after = credit.sub(need)
 		}
 	}
-	q, _ := divmodPer(after, p)
-	d.Remaining = q.int64()
+	q, frac := divmodPer(after, p)
+	d.Remaining = q.int64() // at most Burst
 	if debt := full.sub(after); debt.hi != 0 || debt.lo != 0 {
 		d.ResetAfter = debt.divCeil(rate).add(from64(lag)).int64()
 	}
-	return d, after
+	return d, after, frac
 }
 
 // tbCredit returns a token_bucket state's credit at now and the instant the
@@ -113,13 +114,12 @@ func tbState(l Limit, credit u128, last int64) State {
 // *out (pointers: State is large, and the hot path avoids copying it).
 func decideTokenBucket(l Limit, s *State, now, cost int64, out *State) Decision {
 	credit, last := tbCredit(l, s, now)
-	d, after := bucketDecide(l, credit, cost, span(now, last))
+	d, _, frac := bucketDecide(l, credit, cost, span(now, last))
 	if !d.Allowed || cost <= 0 {
 		*out = *s
 		return d
 	}
-	q, r := divmodPer(after, l.per())
-	*out = State{Algorithm: TokenBucket, Tokens: q.int64(), Frac: int64(r), Last: last}
+	*out = State{Algorithm: TokenBucket, Tokens: d.Remaining, Frac: int64(frac), Last: last}
 	return d
 }
 
@@ -168,7 +168,7 @@ func gcraState(l Limit, credit u128, eff int64) State {
 // decideGCRA decides against *s and writes the state to store to *out.
 func decideGCRA(l Limit, s *State, now, cost int64, out *State) Decision {
 	credit, eff := gcraCredit(l, s, now)
-	d, after := bucketDecide(l, credit, cost, span(now, eff))
+	d, after, _ := bucketDecide(l, credit, cost, span(now, eff))
 	if !d.Allowed || cost <= 0 {
 		*out = *s
 		return d

@@ -26,7 +26,7 @@ func (l Limit) per() uint64 {
 }
 
 // bucketFull returns a bucket limit's capacity in ticks.
-func bucketFull(l Limit) u128 { return mul64(uint64(l.Burst), l.per()) }
+func bucketFull(l *Limit) u128 { return mul64(uint64(l.Burst), l.per()) }
 
 // divmodPer returns x/p and x%p, with the constant-divisor fast path for
 // the common p = 1e9.
@@ -55,7 +55,7 @@ func rescale(c u128, from, to uint64) u128 {
 // is as of (a clock stepping backwards): RetryAfter and ResetAfter count
 // from the caller's now, so they include it. The credit left is
 // d.Remaining micro-units plus frac ticks.
-func bucketDecide(l Limit, credit u128, cost int64, lag uint64) (d Decision, after u128, frac uint64) {
+func bucketDecide(l *Limit, credit u128, cost int64, lag uint64) (d Decision, after u128, frac uint64) {
 	rate, p := uint64(l.Rate), l.per()
 	full := bucketFull(l)
 	d.Allowed = true
@@ -86,7 +86,7 @@ func bucketDecide(l Limit, credit u128, cost int64, lag uint64) (d Decision, aft
 // tbCredit returns a token_bucket state's credit at now and the instant the
 // new state is as of (the later of now and the state's Last). A state of
 // another algorithm (the zero State included) is a never-seen key: full.
-func tbCredit(l Limit, s *State, now int64) (u128, int64) {
+func tbCredit(l *Limit, s *State, now int64) (u128, int64) {
 	full := bucketFull(l)
 	if s.Algorithm != TokenBucket {
 		return full, now
@@ -105,14 +105,14 @@ func tbCredit(l Limit, s *State, now int64) (u128, int64) {
 }
 
 // tbState returns the token_bucket state of l holding credit at last.
-func tbState(l Limit, credit u128, last int64) State {
+func tbState(l *Limit, credit u128, last int64) State {
 	q, r := divmodPer(credit, l.per())
 	return State{Algorithm: TokenBucket, Tokens: q.int64(), Frac: int64(r), Last: last}
 }
 
 // decideTokenBucket decides against *s and writes the state to store to
 // *out (pointers: State is large, and the hot path avoids copying it).
-func decideTokenBucket(l Limit, s *State, now, cost int64, out *State) Decision {
+func decideTokenBucket(l *Limit, s *State, now, cost int64, out *State) Decision {
 	credit, last := tbCredit(l, s, now)
 	d, _, frac := bucketDecide(l, credit, cost, span(now, last))
 	if !d.Allowed || cost <= 0 {
@@ -126,7 +126,7 @@ func decideTokenBucket(l Limit, s *State, now, cost int64, out *State) Decision 
 // gcraCredit returns a gcra state's credit and the effective instant: the
 // later of now and the latest instant the state has seen, so that a clock
 // stepping backwards neither adds nor removes credit.
-func gcraCredit(l Limit, s *State, now int64) (u128, int64) {
+func gcraCredit(l *Limit, s *State, now int64) (u128, int64) {
 	full := bucketFull(l)
 	if s.Algorithm != GCRA {
 		return full, now
@@ -152,7 +152,7 @@ func gcraCredit(l Limit, s *State, now int64) (u128, int64) {
 // year 2116 with the longest accepted span) saturates at math.MaxInt64,
 // which gcraCredit reads as an empty bucket: saturation can deny, never
 // admit more than the exact model.
-func gcraState(l Limit, credit u128, eff int64) State {
+func gcraState(l *Limit, credit u128, eff int64) State {
 	rate := uint64(l.Rate)
 	q, r := bucketFull(l).sub(credit).divmod(rate)
 	s := State{Algorithm: GCRA, Last: eff}
@@ -166,7 +166,7 @@ func gcraState(l Limit, credit u128, eff int64) State {
 }
 
 // decideGCRA decides against *s and writes the state to store to *out.
-func decideGCRA(l Limit, s *State, now, cost int64, out *State) Decision {
+func decideGCRA(l *Limit, s *State, now, cost int64, out *State) Decision {
 	credit, eff := gcraCredit(l, s, now)
 	d, after, _ := bucketDecide(l, credit, cost, span(now, eff))
 	if !d.Allowed || cost <= 0 {

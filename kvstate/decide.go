@@ -21,14 +21,14 @@ package kvstate
 // algorithm needs; see [Limit.Validate]) is denied with RetryAfter [Never]
 // and s is returned unchanged.
 func Decide(l Limit, s State, now, cost int64) (d Decision, ns State) {
-	d = decideInto(l, &s, now, cost, &ns)
+	d = decideInto(&l, &s, now, cost, &ns)
 	return d, ns
 }
 
 // decideInto is Decide writing the new state to *out. *s is only read;
 // out may not alias s. Pointers keep the large State from being copied on
 // the hot path.
-func decideInto(l Limit, s *State, now, cost int64, out *State) Decision {
+func decideInto(l *Limit, s *State, now, cost int64, out *State) Decision {
 	if !l.usable() {
 		*out = *s
 		return Decision{RetryAfter: Never}
@@ -42,13 +42,13 @@ func decideInto(l Limit, s *State, now, cost int64, out *State) Decision {
 	case Quota:
 		return decideQuota(l, s, now, cost, out)
 	case FixedWindow:
-		d, *out = decideFixedWindow(l, *s, now, cost)
+		d, *out = decideFixedWindow(*l, *s, now, cost)
 	case SlidingWindow:
-		d, *out = decideSlidingWindow(l, *s, now, cost)
+		d, *out = decideSlidingWindow(*l, *s, now, cost)
 	case SlidingLog:
-		d, *out = decideSlidingLog(l, *s, now, cost)
+		d, *out = decideSlidingLog(*l, *s, now, cost)
 	case Concurrency:
-		d, *out = Acquire(l, *s, now, "", cost)
+		d, *out = Acquire(*l, *s, now, "", cost)
 	default:
 		*out = *s
 		d = Decision{RetryAfter: Never}
@@ -78,13 +78,13 @@ func DecideAll(limits []Limit, states []State, now, cost int64, dst []State) (De
 	dst = dst[:0]
 	out := Decision{Allowed: true}
 	var never State
-	for i, l := range limits {
+	for i := range limits {
 		s := &never
 		if i < len(states) {
 			s = &states[i]
 		}
 		dst = append(dst, State{})
-		d := decideInto(l, s, now, cost, &dst[i])
+		d := decideInto(&limits[i], s, now, cost, &dst[i])
 		if !d.Allowed {
 			if out.Allowed || out.RetryAfter != Never && (d.RetryAfter == Never || d.RetryAfter > out.RetryAfter) {
 				out.RetryAfter = d.RetryAfter
@@ -125,11 +125,11 @@ func Advance(l Limit, s State, now int64) State {
 	}
 	switch l.Algorithm {
 	case TokenBucket:
-		c, last := tbCredit(l, &s, now)
-		return tbState(l, c, last)
+		c, last := tbCredit(&l, &s, now)
+		return tbState(&l, c, last)
 	case GCRA:
-		c, eff := gcraCredit(l, &s, now)
-		return gcraState(l, c, eff)
+		c, eff := gcraCredit(&l, &s, now)
+		return gcraState(&l, c, eff)
 	case FixedWindow:
 		start, count := fwView(l, s, now)
 		return State{Algorithm: FixedWindow, WindowStart: start, Count: count}
@@ -149,7 +149,7 @@ func Advance(l Limit, s State, now int64) State {
 		}
 		return State{Algorithm: Concurrency, Holds: live}
 	case Quota:
-		start, _, spent := quotaView(l, &s, now)
+		start, _, spent := quotaView(&l, &s, now)
 		return State{Algorithm: Quota, WindowStart: start, Count: spent}
 	}
 	return s
@@ -179,11 +179,11 @@ func Rebase(old, new Limit, s State, at int64) State {
 	a := Advance(old, s, at)
 	switch new.Algorithm {
 	case TokenBucket:
-		c, last := tbCredit(old, &a, at)
-		return tbState(new, rescale(c, old.per(), new.per()).min(bucketFull(new)), last)
+		c, last := tbCredit(&old, &a, at)
+		return tbState(&new, rescale(c, old.per(), new.per()).min(bucketFull(&new)), last)
 	case GCRA:
-		c, eff := gcraCredit(old, &a, at)
-		return gcraState(new, rescale(c, old.per(), new.per()).min(bucketFull(new)), eff)
+		c, eff := gcraCredit(&old, &a, at)
+		return gcraState(&new, rescale(c, old.per(), new.per()).min(bucketFull(&new)), eff)
 	case FixedWindow, SlidingWindow:
 		if new.Window != old.Window {
 			a.WindowStart = alignDown(max(at, a.WindowStart), new.Window)

@@ -183,7 +183,7 @@ func (l Limit) Validate() error {
 			return fmt.Errorf("%w: %s rate span %d must not be negative", ErrInvalidLimit, l.Algorithm, l.RatePer)
 		}
 		if l.Algorithm == GCRA {
-			fill := bucketFull(l).divCeil(uint64(l.Rate))
+			fill := bucketFull(&l).divCeil(uint64(l.Rate))
 			if from64(uint64(MaxGCRASpan)).less(fill) {
 				return fmt.Errorf("%w: gcra burst/rate fills in more than %d ns; use token_bucket", ErrInvalidLimit, MaxGCRASpan)
 			}

@@ -31,7 +31,7 @@ func genBucketLimit(t *rapid.T, alg Algorithm) Limit {
 	).Draw(t, "per")
 	l := Limit{Algorithm: alg, Rate: rate, Burst: burst, RatePer: per}
 	// The gcra span bound: Burst*per/Rate <= MaxGCRASpan.
-	if minRate := bucketFull(l).divCeil(uint64(MaxGCRASpan)); from64(uint64(l.Rate)).less(minRate) {
+	if minRate := bucketFull(&l).divCeil(uint64(MaxGCRASpan)); from64(uint64(l.Rate)).less(minRate) {
 		l.Rate = minRate.int64()
 	}
 	if err := l.Validate(); err != nil {

@@ -104,7 +104,7 @@ func periodBounds(p Period, t int64) (start, end int64) {
 // quotaView returns a quota state's period (start, end) and the micro-units
 // spent in it, as seen at now: a state of another algorithm, or of a
 // period that ended at or before now, is a fresh, empty period.
-func quotaView(l Limit, s *State, now int64) (start, end, spent int64) {
+func quotaView(l *Limit, s *State, now int64) (start, end, spent int64) {
 	start, end = periodBounds(l.Period, now)
 	if s.Algorithm != Quota || start > s.WindowStart {
 		return start, end, 0
@@ -118,7 +118,7 @@ func quotaView(l Limit, s *State, now int64) (start, end, spent int64) {
 // ResetAfter is the time to the end of the period; a denial's RetryAfter is
 // the same (the next period starts empty and cost <= Limit fits in it),
 // at least 1 ns.
-func decideQuota(l Limit, s *State, now, cost int64, out *State) Decision {
+func decideQuota(l *Limit, s *State, now, cost int64, out *State) Decision {
 	start, end, spent := quotaView(l, s, now)
 	d := Decision{Allowed: true, ResetAfter: sat(span(now, end))}
 	switch {

@@ -25,8 +25,8 @@ func RestAt(l Limit, s State) int64 {
 	}
 	switch l.Algorithm {
 	case TokenBucket:
-		c, _ := tbCredit(l, &s, s.Last) // the credit at Last
-		debt := bucketFull(l).sub(c)
+		c, _ := tbCredit(&l, &s, s.Last) // the credit at Last
+		debt := bucketFull(&l).sub(c)
 		return satAdd(s.Last, debt.divCeil(uint64(l.Rate)).int64())
 	case GCRA:
 		if s.TAT == maxInt64 {
@@ -106,7 +106,7 @@ func RestSpan(l Limit) int64 {
 	}
 	switch l.Algorithm {
 	case TokenBucket, GCRA:
-		return bucketFull(l).divCeil(uint64(l.Rate)).int64()
+		return bucketFull(&l).divCeil(uint64(l.Rate)).int64()
 	case SlidingWindow:
 		return satAdd(l.Window, l.Window)
 	case Quota:

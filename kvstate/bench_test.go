@@ -16,6 +16,7 @@ var benchLimits = []Limit{
 	{Algorithm: SlidingWindow, Limit: 40 * Unit, Window: Second},
 	{Algorithm: SlidingLog, Limit: 40 * Unit, Window: Second},
 	{Algorithm: Concurrency, Limit: 40 * Unit, Window: Second},
+	{Algorithm: Quota, Limit: 40 * Unit, Period: Month},
 }
 
 // BenchmarkDecide decides one unit every 10 ms (a mix of admissions and

@@ -2,30 +2,64 @@ package kvstate
 
 // Token bucket and GCRA: one exact rational model, two state encodings.
 //
-// Credit is counted in nano-micro-units (1e-9 micro-unit) in 128 bits, so
-// that rate (micro-units/s) x elapsed (ns) is an exact integer and nothing
-// is rounded away:
+// A bucket's Rate is micro-units per P ns, where P is the limit's RatePer
+// (Second when 0). Credit is counted in ticks of 1/P micro-unit, in 128
+// bits, so that Rate x elapsed (ns) is an exact number of ticks and nothing
+// is rounded away (with P = Second a tick is a nano-micro-unit):
 //
-//	token_bucket: credit(now) = min(Burst*1e9, Tokens*1e9 + Frac + max(0, now-Last)*Rate)
-//	gcra:         credit(now) = Burst*1e9 - max(0, (TAT-now)*Rate + TATFrac)
+//	token_bucket: credit(now) = min(Burst*P, Tokens*P + Frac + max(0, now-Last)*Rate)
+//	gcra:         credit(now) = Burst*P - max(0, (TAT-now)*Rate + TATFrac)
 //
-// A request of cost c is admitted iff credit >= c*1e9, which then spends
-// c*1e9. Both encodings describe the same credit at every instant, so the
+// A request of cost c is admitted iff credit >= c*P, which then spends
+// c*P. Both encodings describe the same credit at every instant, so the
 // two algorithms make the same decisions (a property test checks it).
+// Remaining is floor(credit/P) micro-units; RetryAfter and ResetAfter are
+// ceil(ticks missing / Rate) ns.
 
-// bucketFull returns a bucket limit's capacity in nano-micro-units.
-func bucketFull(l Limit) u128 { return mul64(uint64(l.Burst), nano) }
+// per returns the span P (ns) a bucket limit's Rate counts over: the
+// number of ticks in one micro-unit.
+func (l Limit) per() uint64 {
+	if l.RatePer > 0 {
+		return uint64(l.RatePer)
+	}
+	return nano
+}
 
-// bucketDecide decides cost against credit (nano-micro-units, at most the
-// limit's capacity) and returns the decision and the credit left. l must be
+// bucketFull returns a bucket limit's capacity in ticks.
+func bucketFull(l *Limit) u128 { return mul64(uint64(l.Burst), l.per()) }
+
+// divmodPer returns x/p and x%p, with the constant-divisor fast path for
+// the common p = 1e9.
+func divmodPer(x u128, p uint64) (u128, uint64) {
+	if p == nano && x.hi == 0 {
+		return u128{0, x.lo / nano}, x.lo % nano
+	}
+	return x.divmod(p)
+}
+
+// rescale converts credit from ticks of 1/from to ticks of 1/to of a
+// micro-unit, rounding down (never creating credit). c/from must fit in
+// 64 bits, which holds for any credit of at most a Burst.
+func rescale(c u128, from, to uint64) u128 {
+	if from == to {
+		return c
+	}
+	q, r := c.divmod(from)
+	f, _ := mul64(r, to).divmod(from)
+	return mul64(q.lo, to).add(f)
+}
+
+// bucketDecide decides cost against credit (ticks, at most the limit's
+// capacity) and returns the decision and the credit left. l must be
 // usable. lag is how far the caller's now is behind the instant the credit
 // is as of (a clock stepping backwards): RetryAfter and ResetAfter count
-// from the caller's now, so they include it.
-func bucketDecide(l Limit, credit u128, cost int64, lag uint64) (Decision, u128) {
-	rate := uint64(l.Rate)
+// from the caller's now, so they include it. The credit left is
+// d.Remaining micro-units plus frac ticks.
+func bucketDecide(l *Limit, credit u128, cost int64, lag uint64) (d Decision, after u128, frac uint64) {
+	rate, p := uint64(l.Rate), l.per()
 	full := bucketFull(l)
-	d := Decision{Allowed: true}
-	after := credit
+	d.Allowed = true
+	after = credit
 	switch {
 	case cost <= 0:
 		// A probe: admitted, spends nothing.
@@ -33,7 +67,7 @@ func bucketDecide(l Limit, credit u128, cost int64, lag uint64) (Decision, u128)
 		d.Allowed = false
 		d.RetryAfter = Never
 	default:
-		need := mul64(uint64(cost), nano)
+		need := mul64(uint64(cost), p)
 		if credit.less(need) {
 			d.Allowed = false
 			d.RetryAfter = need.sub(credit).divCeil(rate).add(from64(lag)).int64()
@@ -41,58 +75,58 @@ func bucketDecide(l Limit, credit u128, cost int64, lag uint64) (Decision, u128)
 			after = credit.sub(need)
 		}
 	}
-	q, _ := after.divmodNano()
-	d.Remaining = q.int64()
+	q, frac := divmodPer(after, p)
+	d.Remaining = q.int64() // at most Burst
 	if debt := full.sub(after); debt.hi != 0 || debt.lo != 0 {
 		d.ResetAfter = debt.divCeil(rate).add(from64(lag)).int64()
 	}
-	return d, after
+	return d, after, frac
 }
 
 // tbCredit returns a token_bucket state's credit at now and the instant the
 // new state is as of (the later of now and the state's Last). A state of
 // another algorithm (the zero State included) is a never-seen key: full.
-func tbCredit(l Limit, s *State, now int64) (u128, int64) {
+func tbCredit(l *Limit, s *State, now int64) (u128, int64) {
 	full := bucketFull(l)
 	if s.Algorithm != TokenBucket {
 		return full, now
 	}
+	p := l.per()
 	tokens, frac := s.Tokens, s.Frac
 	if tokens < 0 {
 		tokens = 0
 	}
-	if frac < 0 || frac >= nano {
+	if frac < 0 || uint64(frac) >= p {
 		frac = 0
 	}
-	c := mul64(uint64(tokens), nano).add(from64(uint64(frac)))
+	c := mul64(uint64(tokens), p).add(from64(uint64(frac)))
 	c = c.add(mul64(span(s.Last, now), uint64(l.Rate))).min(full)
 	return c, max(s.Last, now)
 }
 
-// tbState returns the token_bucket state holding credit at last.
-func tbState(credit u128, last int64) State {
-	q, r := credit.divmodNano()
+// tbState returns the token_bucket state of l holding credit at last.
+func tbState(l *Limit, credit u128, last int64) State {
+	q, r := divmodPer(credit, l.per())
 	return State{Algorithm: TokenBucket, Tokens: q.int64(), Frac: int64(r), Last: last}
 }
 
 // decideTokenBucket decides against *s and writes the state to store to
 // *out (pointers: State is large, and the hot path avoids copying it).
-func decideTokenBucket(l Limit, s *State, now, cost int64, out *State) Decision {
+func decideTokenBucket(l *Limit, s *State, now, cost int64, out *State) Decision {
 	credit, last := tbCredit(l, s, now)
-	d, after := bucketDecide(l, credit, cost, span(now, last))
+	d, _, frac := bucketDecide(l, credit, cost, span(now, last))
 	if !d.Allowed || cost <= 0 {
 		*out = *s
 		return d
 	}
-	q, r := after.divmodNano()
-	*out = State{Algorithm: TokenBucket, Tokens: q.int64(), Frac: int64(r), Last: last}
+	*out = State{Algorithm: TokenBucket, Tokens: d.Remaining, Frac: int64(frac), Last: last}
 	return d
 }
 
 // gcraCredit returns a gcra state's credit and the effective instant: the
 // later of now and the latest instant the state has seen, so that a clock
 // stepping backwards neither adds nor removes credit.
-func gcraCredit(l Limit, s *State, now int64) (u128, int64) {
+func gcraCredit(l *Limit, s *State, now int64) (u128, int64) {
 	full := bucketFull(l)
 	if s.Algorithm != GCRA {
 		return full, now
@@ -118,7 +152,7 @@ func gcraCredit(l Limit, s *State, now int64) (u128, int64) {
 // year 2116 with the longest accepted span) saturates at math.MaxInt64,
 // which gcraCredit reads as an empty bucket: saturation can deny, never
 // admit more than the exact model.
-func gcraState(l Limit, credit u128, eff int64) State {
+func gcraState(l *Limit, credit u128, eff int64) State {
 	rate := uint64(l.Rate)
 	q, r := bucketFull(l).sub(credit).divmod(rate)
 	s := State{Algorithm: GCRA, Last: eff}
@@ -132,9 +166,9 @@ func gcraState(l Limit, credit u128, eff int64) State {
 }
 
 // decideGCRA decides against *s and writes the state to store to *out.
-func decideGCRA(l Limit, s *State, now, cost int64, out *State) Decision {
+func decideGCRA(l *Limit, s *State, now, cost int64, out *State) Decision {
 	credit, eff := gcraCredit(l, s, now)
-	d, after := bucketDecide(l, credit, cost, span(now, eff))
+	d, after, _ := bucketDecide(l, credit, cost, span(now, eff))
 	if !d.Allowed || cost <= 0 {
 		*out = *s
 		return d

@@ -133,6 +133,8 @@ func TestInvalidLimitsFailClosed(t *testing.T) {
 		{Algorithm: TokenBucket, Rate: 0, Burst: Unit},
 		{Algorithm: TokenBucket, Rate: Unit, Burst: -1},
 		{Algorithm: GCRA, Rate: -5, Burst: Unit},
+		{Algorithm: TokenBucket, Rate: Unit, Burst: Unit, RatePer: -1},
+		{Algorithm: Quota, Limit: Unit, Window: Second},
 		{Algorithm: FixedWindow, Limit: Unit},
 		{Algorithm: SlidingWindow, Window: Second},
 		{Algorithm: SlidingLog, Limit: -Unit, Window: Second},
@@ -165,6 +167,15 @@ func TestValidate(t *testing.T) {
 			t.Errorf("Validate(%+v) = %v", l, err)
 		}
 	}
+	// A day's rate: the span is Burst*RatePer/Rate.
+	daily := Limit{Algorithm: GCRA, Rate: 1000, Burst: 40 * Unit, RatePer: 86400 * Second}
+	if err := daily.Validate(); err != nil {
+		t.Errorf("Validate(%+v) = %v", daily, err)
+	}
+	daily.Rate = 1
+	if err := daily.Validate(); err == nil {
+		t.Errorf("Validate(%+v) accepted a span over MaxGCRASpan", daily)
+	}
 	// One micro-unit more than MaxGCRASpan allows.
 	bad := Limit{Algorithm: GCRA, Rate: 1, Burst: MaxGCRASpan/Second + 1}
 	if err := bad.Validate(); err == nil {
@@ -174,5 +185,62 @@ func TestValidate(t *testing.T) {
 	tb.Algorithm = TokenBucket
 	if err := tb.Validate(); err != nil {
 		t.Errorf("token_bucket has no span bound: %v", err)
+	}
+}
+
+// TestRatePerSteps: a rate counted over a day or an hour is exact, not
+// rounded to micro-units per second (1000/d would be 11574 micro-units/s,
+// and one unit would take 86.4004 s instead of 86.4 s).
+func TestRatePerSteps(t *testing.T) {
+	for _, alg := range []Algorithm{TokenBucket, GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			daily := Limit{Algorithm: alg, Rate: 1000 * Unit, Burst: 10 * Unit, RatePer: 86400 * Second}
+			run(t, daily, State{}, []step{
+				{at: 0, cost: 10 * Unit, allowed: true, remaining: 0, reset: 864 * Second},
+				{at: 0, cost: Unit, retry: 86400 * ms, reset: 864 * Second},
+				{at: 86400*ms - 1, cost: Unit, remaining: Unit - 1, retry: 1, reset: 777600*ms + 1},
+				{at: 86400 * ms, cost: Unit, allowed: true, remaining: 0, reset: 864 * Second},
+				// A day idle refills the whole burst, no more.
+				{at: 86400*ms + 86400*Second, cost: 10 * Unit, allowed: true, remaining: 0, reset: 864 * Second},
+			})
+			// 2.5/h: one micro-unit every 1.44 ms exactly.
+			hourly := Limit{Algorithm: alg, Rate: 2_500_000, Burst: 1, RatePer: 3600 * Second}
+			run(t, hourly, State{}, []step{
+				{at: 0, cost: 1, allowed: true, remaining: 0, reset: 1440 * 1000},
+				{at: 1440*1000 - 1, cost: 1, retry: 1, reset: 1},
+				{at: 1440 * 1000, cost: 1, allowed: true, remaining: 0, reset: 1440 * 1000},
+			})
+		})
+	}
+}
+
+// TestRebaseRatePer: moving between a per-second and a per-day rate keeps
+// the credit exactly when it is representable, and rounds it down (never
+// up) otherwise.
+func TestRebaseRatePer(t *testing.T) {
+	for _, alg := range []Algorithm{TokenBucket, GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			perSec := Limit{Algorithm: alg, Rate: 10 * Unit, Burst: 40 * Unit}
+			perDay := Limit{Algorithm: alg, Rate: 864_000 * Unit, Burst: 40 * Unit, RatePer: 86400 * Second} // the same 10/s
+			_, s := Decide(perSec, State{}, t0, 40*Unit)
+			r := Rebase(perSec, perDay, s, t0+Second)
+			for _, at := range []int64{t0 + Second, t0 + 1500*ms, t0 + 3*Second + 1} {
+				d1, _ := Decide(perSec, s, at, 0)
+				d2, _ := Decide(perDay, r, at, 0)
+				if d1 != d2 {
+					t.Fatalf("at t0%+d: per second %+v, per day %+v", at-t0, d1, d2)
+				}
+			}
+			// 1000 micro-units/day for a day less 1 ns refill
+			// 999.99999999998843 micro-units, which the per-second tick
+			// (1e-9) cannot hold: it is rounded down to 999.999999999,
+			// whose refill to 40 units at 10/s takes 3999900000.0000001 ns.
+			slow := Limit{Algorithm: alg, Rate: 1000, Burst: 40 * Unit, RatePer: 86400 * Second}
+			_, s = Decide(slow, State{}, t0, 40*Unit)
+			back := Rebase(slow, perSec, s, t0+86400*Second-1)
+			if d, _ := Decide(perSec, back, t0+86400*Second-1, 0); d.Remaining != 999 || d.ResetAfter != 3999900001 {
+				t.Fatalf("rounded: %+v", d)
+			}
+		})
 	}
 }

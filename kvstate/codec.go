@@ -16,25 +16,35 @@ import (
 //	u8  version (1)
 //	u8  n, the number of states (at most MaxStates)
 //	n times, one state:
-//	  u8 algorithm (0 = never seen, then no more bytes for this state)
+//	  u8 tag: the algorithm (0 = never seen, then no more bytes for this
+//	  state), or tagWide|algorithm for a wide variant
 //	  token_bucket (1):   i64 Tokens, u32 Frac, i64 Last                  20 bytes
 //	  gcra (2):           i64 TAT, i64 TATFrac, i64 Last                  24 bytes
 //	  fixed_window (3):   i64 WindowStart, i64 Count                      16 bytes
 //	  sliding_window (4): i64 WindowStart, i64 Count, i64 Prev            24 bytes
 //	  sliding_log (5):    u16 k, then k x (i64 At, i64 Cost)              2+16k bytes
 //	  concurrency (6):    u16 k, then k x (i64 Cost, i64 Expires, u8 len, len bytes ID)
+//	  quota (7):          i64 WindowStart (period start), i64 Count       16 bytes
+//	  token_bucket wide (0x81): i64 Tokens, i64 Frac, i64 Last            24 bytes
 //
 // Only the fields of the state's algorithm are encoded. A key with one
-// token_bucket limit encodes to 23 bytes.
+// token_bucket limit encodes to 23 bytes. A token_bucket Frac of at least
+// 1e9 (possible only when the limit's RatePer is above a second) uses the
+// wide tag; a smaller Frac always uses tag 1, so every state has exactly
+// one encoding. Tags 1..127 are algorithm numbers; tags with the high bit
+// set are wide variants, never algorithms.
 //
 // Decoding rejects, with an error wrapping ErrCorrupt: an unknown version or
-// algorithm, truncated or trailing bytes, Frac outside [0, 1e9), negative
-// Tokens, TATFrac, Count or Prev, log entries or holds with a cost <= 0, out
-// of order (At or Expires decreasing), or more than MaxLogEntries/MaxHolds of
-// them.
+// tag, truncated or trailing bytes, Frac outside [0, 1e9) (tag 1) or below
+// 1e9 or negative (tag 0x81), negative Tokens, TATFrac, Count or Prev, log
+// entries or holds with a cost <= 0, out of order (At or Expires
+// decreasing), or more than MaxLogEntries/MaxHolds of them.
 
 // codecVersion is the first byte of every encoded key state.
 const codecVersion = 1
+
+// tagWide marks a wide variant of an algorithm's encoding.
+const tagWide = 0x80
 
 // MaxStates is the most states (limits of one key) one value encodes.
 const MaxStates = 255
@@ -42,7 +52,9 @@ const MaxStates = 255
 // Encoded sizes of the fixed-width states, after the algorithm byte.
 const (
 	tbSize     = 8 + 4 + 8
+	tbWideSize = 8 + 8 + 8
 	gcraSize   = 8 + 8 + 8
+	quotaSize  = 8 + 8
 	fwSize     = 8 + 8
 	swSize     = 8 + 8 + 8
 	logEntSize = 8 + 8
@@ -63,6 +75,13 @@ func AppendStates(dst []byte, states []State) []byte {
 	le := binary.LittleEndian
 	for i := range states {
 		s := &states[i]
+		if s.Algorithm == TokenBucket && (s.Frac < 0 || s.Frac >= nano) {
+			dst = append(dst, tagWide|byte(TokenBucket))
+			dst = le.AppendUint64(dst, uint64(s.Tokens))
+			dst = le.AppendUint64(dst, uint64(s.Frac))
+			dst = le.AppendUint64(dst, uint64(s.Last))
+			continue
+		}
 		dst = append(dst, byte(s.Algorithm))
 		switch s.Algorithm {
 		case TokenBucket:
@@ -73,7 +92,7 @@ func AppendStates(dst []byte, states []State) []byte {
 			dst = le.AppendUint64(dst, uint64(s.TAT))
 			dst = le.AppendUint64(dst, uint64(s.TATFrac))
 			dst = le.AppendUint64(dst, uint64(s.Last))
-		case FixedWindow:
+		case FixedWindow, Quota:
 			dst = le.AppendUint64(dst, uint64(s.WindowStart))
 			dst = le.AppendUint64(dst, uint64(s.Count))
 		case SlidingWindow:
@@ -197,7 +216,18 @@ func DecodeStates(b []byte, dst []State) ([]State, error) {
 }
 
 func (d *decoder) state(i int) State {
-	s := State{Algorithm: Algorithm(d.u8("algorithm"))}
+	tag := d.u8("algorithm")
+	if tag == tagWide|byte(TokenBucket) {
+		s := State{Algorithm: TokenBucket}
+		s.Tokens = d.nonNeg("tokens")
+		s.Frac = d.nonNeg("frac")
+		if d.err == nil && s.Frac < nano {
+			d.fail("state %d: wide frac %d below 1e9", i, s.Frac)
+		}
+		s.Last = d.i64("last")
+		return s
+	}
+	s := State{Algorithm: Algorithm(tag)}
 	switch s.Algorithm {
 	case 0:
 	case TokenBucket:
@@ -214,6 +244,9 @@ func (d *decoder) state(i int) State {
 	case FixedWindow:
 		s.WindowStart = d.i64("window start")
 		s.Count = d.nonNeg("count")
+	case Quota:
+		s.WindowStart = d.i64("period start")
+		s.Count = d.nonNeg("spent")
 	case SlidingWindow:
 		s.WindowStart = d.i64("window start")
 		s.Count = d.nonNeg("count")

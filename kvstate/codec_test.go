@@ -44,6 +44,16 @@ var goldens = []struct {
 		" 04 0500000000000000 0600000000000000 0700000000000000" +
 		" 05 0100 0800000000000000 0900000000000000" +
 		" 06 0100 0a00000000000000 0b00000000000000 02 6162"},
+	// Added with quota and rates over spans above a second: the bytes of
+	// the states above are unchanged.
+	{"quota", []State{{Algorithm: Quota, WindowStart: 0x0102030405060708, Count: 1_500_000}},
+		"01 01 07 0807060504030201 60e3160000000000"},
+	{"token_bucket wide frac", []State{
+		{Algorithm: TokenBucket, Tokens: 1, Frac: nano - 1, Last: 2},
+		{Algorithm: TokenBucket, Tokens: 1, Frac: nano, Last: 2},
+	}, "01 02" +
+		" 01 0100000000000000 ffc99a3b 0200000000000000" +
+		" 81 0100000000000000 00ca9a3b00000000 0200000000000000"},
 }
 
 func TestCodecGolden(t *testing.T) {
@@ -76,10 +86,13 @@ func genState(t *rapid.T) State {
 	i64 := rapid.Int64()
 	nn := rapid.Int64Min(0)
 	pos := rapid.Int64Min(1)
-	s := State{Algorithm: Algorithm(rapid.IntRange(0, 6).Draw(t, "alg"))}
+	s := State{Algorithm: Algorithm(rapid.IntRange(0, 7).Draw(t, "alg"))}
 	switch s.Algorithm {
 	case TokenBucket:
-		s.Tokens, s.Frac, s.Last = nn.Draw(t, "tokens"), rapid.Int64Range(0, nano-1).Draw(t, "frac"), i64.Draw(t, "last")
+		frac := rapid.OneOf(rapid.Int64Range(0, nano-1), rapid.Int64Range(nano-1, 2*nano), nn)
+		s.Tokens, s.Frac, s.Last = nn.Draw(t, "tokens"), frac.Draw(t, "frac"), i64.Draw(t, "last")
+	case Quota:
+		s.WindowStart, s.Count = i64.Draw(t, "start"), nn.Draw(t, "count")
 	case GCRA:
 		s.TAT, s.TATFrac, s.Last = i64.Draw(t, "tat"), nn.Draw(t, "tatfrac"), i64.Draw(t, "last")
 	case FixedWindow:
@@ -132,7 +145,13 @@ func TestDecodeCorrupt(t *testing.T) {
 		"version 2":          "02 00",
 		"no count":           "01",
 		"missing state":      "01 01",
-		"unknown algorithm":  "01 01 07",
+		"unknown algorithm":  "01 01 08",
+		"unknown wide tag":   "01 01 82 0000000000000000 0000000000000000 0000000000000000",
+		"quota truncated":    "01 01 07 0000000000000000 000000",
+		"negative spent":     "01 01 07 0000000000000000 ffffffffffffffff",
+		"wide frac short":    "01 01 81 0000000000000000 ffc99a3b00000000 0000000000000000",
+		"wide frac negative": "01 01 81 0000000000000000 ffffffffffffffff 0000000000000000",
+		"wide truncated":     "01 01 81 0000000000000000 00ca9a3b00000000 00000000",
 		"trailing byte":      "01 00 00",
 		"trailing state":     "01 01 00 00",
 		"frac 1e9":           "01 01 01 0000000000000000 00ca9a3b 0000000000000000",
@@ -176,6 +195,14 @@ func FuzzDecodeStates(f *testing.F) {
 	f.Add(unhex(f, "01 01 06 1027 00"))
 	f.Add(unhex(f, "01 ff 00"))
 	f.Add([]byte{})
+	q := Limit{Algorithm: Quota, Limit: 10 * Unit, Period: Month}
+	_, s = Decide(q, State{}, t0, Unit)
+	f.Add(AppendStates(nil, []State{s, {}}))
+	f.Add(unhex(f, "01 01 07 0000000000000080 ffffffffffffff7f"))
+	daily := Limit{Algorithm: TokenBucket, Rate: 1000 * Unit, Burst: 1000 * Unit, RatePer: 86400 * Second}
+	_, s = Decide(daily, State{}, t0, Unit)
+	_, s = Decide(daily, s, t0+7, 3) // a fractional credit in ticks of 1/86400e9
+	f.Add(AppendStates(nil, []State{s}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		states, err := DecodeStates(b, nil)
 		if err != nil {
@@ -194,10 +221,13 @@ func FuzzDecodeStates(f *testing.F) {
 		}
 		// Whatever decodes can be decided without a panic.
 		for _, alg := range allAlgorithms {
-			l := Limit{Algorithm: alg, Rate: Unit, Burst: Unit, Limit: Unit, Window: Second}
-			for _, s := range states {
-				Decide(l, s, t0, Unit)
-				Advance(l, s, t0)
+			for _, per := range []int64{0, 86400 * Second} {
+				l := Limit{Algorithm: alg, Rate: Unit, Burst: Unit, Limit: Unit, Window: Second, RatePer: per, Period: Month}
+				for _, s := range states {
+					Decide(l, s, t0, Unit)
+					Advance(l, s, t0)
+					RestAt(l, s)
+				}
 			}
 		}
 	})

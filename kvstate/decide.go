@@ -9,7 +9,7 @@ package kvstate
 // cost spent; a denial spends nothing and returns s itself, so a caller
 // need not write it back. A cost <= 0 is a probe: admitted, spending
 // nothing, reporting Remaining and ResetAfter. Decide never mutates s, never
-// reads a clock and, for token_bucket, gcra and the windows, never
+// reads a clock and, for token_bucket, gcra, the windows and quota, never
 // allocates.
 //
 // On a concurrency limit Decide acquires an anonymous hold: it is
@@ -21,14 +21,14 @@ package kvstate
 // algorithm needs; see [Limit.Validate]) is denied with RetryAfter [Never]
 // and s is returned unchanged.
 func Decide(l Limit, s State, now, cost int64) (d Decision, ns State) {
-	d = decideInto(l, &s, now, cost, &ns)
+	d = decideInto(&l, &s, now, cost, &ns)
 	return d, ns
 }
 
 // decideInto is Decide writing the new state to *out. *s is only read;
 // out may not alias s. Pointers keep the large State from being copied on
 // the hot path.
-func decideInto(l Limit, s *State, now, cost int64, out *State) Decision {
+func decideInto(l *Limit, s *State, now, cost int64, out *State) Decision {
 	if !l.usable() {
 		*out = *s
 		return Decision{RetryAfter: Never}
@@ -39,14 +39,16 @@ func decideInto(l Limit, s *State, now, cost int64, out *State) Decision {
 		return decideTokenBucket(l, s, now, cost, out)
 	case GCRA:
 		return decideGCRA(l, s, now, cost, out)
+	case Quota:
+		return decideQuota(l, s, now, cost, out)
 	case FixedWindow:
-		d, *out = decideFixedWindow(l, *s, now, cost)
+		d, *out = decideFixedWindow(*l, *s, now, cost)
 	case SlidingWindow:
-		d, *out = decideSlidingWindow(l, *s, now, cost)
+		d, *out = decideSlidingWindow(*l, *s, now, cost)
 	case SlidingLog:
-		d, *out = decideSlidingLog(l, *s, now, cost)
+		d, *out = decideSlidingLog(*l, *s, now, cost)
 	case Concurrency:
-		d, *out = Acquire(l, *s, now, "", cost)
+		d, *out = Acquire(*l, *s, now, "", cost)
 	default:
 		*out = *s
 		d = Decision{RetryAfter: Never}
@@ -76,13 +78,13 @@ func DecideAll(limits []Limit, states []State, now, cost int64, dst []State) (De
 	dst = dst[:0]
 	out := Decision{Allowed: true}
 	var never State
-	for i, l := range limits {
+	for i := range limits {
 		s := &never
 		if i < len(states) {
 			s = &states[i]
 		}
 		dst = append(dst, State{})
-		d := decideInto(l, s, now, cost, &dst[i])
+		d := decideInto(&limits[i], s, now, cost, &dst[i])
 		if !d.Allowed {
 			if out.Allowed || out.RetryAfter != Never && (d.RetryAfter == Never || d.RetryAfter > out.RetryAfter) {
 				out.RetryAfter = d.RetryAfter
@@ -123,11 +125,11 @@ func Advance(l Limit, s State, now int64) State {
 	}
 	switch l.Algorithm {
 	case TokenBucket:
-		c, last := tbCredit(l, &s, now)
-		return tbState(c, last)
+		c, last := tbCredit(&l, &s, now)
+		return tbState(&l, c, last)
 	case GCRA:
-		c, eff := gcraCredit(l, &s, now)
-		return gcraState(l, c, eff)
+		c, eff := gcraCredit(&l, &s, now)
+		return gcraState(&l, c, eff)
 	case FixedWindow:
 		start, count := fwView(l, s, now)
 		return State{Algorithm: FixedWindow, WindowStart: start, Count: count}
@@ -146,6 +148,9 @@ func Advance(l Limit, s State, now int64) State {
 			live = nil
 		}
 		return State{Algorithm: Concurrency, Holds: live}
+	case Quota:
+		start, _, spent := quotaView(&l, &s, now)
+		return State{Algorithm: Quota, WindowStart: start, Count: spent}
 	}
 	return s
 }
@@ -153,23 +158,32 @@ func Advance(l Limit, s State, now int64) State {
 // Rebase moves a limit's state from old to new parameters at instant at
 // (§28): it advances s under old up to at, then clamps to the new capacity.
 // Lowering a bucket's burst clamps its stored tokens; raising it adds no
-// tokens (they refill under the new rate); after at the new rate applies.
-// Window counts, log entries and holds are kept (a window change re-aligns
-// the current window to the new width at the same instant). An algorithm
-// change, a never-seen state or an unusable limit starts fresh: the zero
-// State. It never mutates s.
+// tokens (they refill under the new rate); after at the new rate applies
+// (a change of RatePer converts the credit exactly, rounding down to the
+// new tick). Window counts, log entries and holds are kept (a window
+// change re-aligns the current window to the new width at the same
+// instant). A quota with the same period keeps the units spent in its
+// current period: what is left is the new limit less them, at least 0
+// (the spent units are not cut down to the new limit, so lowering then
+// raising a limit within one period never admits more than the highest
+// limit, and the state keeps agreeing with a ledger of what was spent). A
+// quota whose period changes, an algorithm change, a never-seen state or
+// an unusable limit starts fresh: the zero State. It never mutates s.
 func Rebase(old, new Limit, s State, at int64) State {
 	if old.Algorithm != new.Algorithm || s.Algorithm != old.Algorithm || !old.usable() || !new.usable() {
+		return State{}
+	}
+	if new.Algorithm == Quota && new.Period != old.Period {
 		return State{}
 	}
 	a := Advance(old, s, at)
 	switch new.Algorithm {
 	case TokenBucket:
-		c, last := tbCredit(old, &a, at)
-		return tbState(c.min(bucketFull(new)), last)
+		c, last := tbCredit(&old, &a, at)
+		return tbState(&new, rescale(c, old.per(), new.per()).min(bucketFull(&new)), last)
 	case GCRA:
-		c, eff := gcraCredit(old, &a, at)
-		return gcraState(new, c.min(bucketFull(new)), eff)
+		c, eff := gcraCredit(&old, &a, at)
+		return gcraState(&new, rescale(c, old.per(), new.per()).min(bucketFull(&new)), eff)
 	case FixedWindow, SlidingWindow:
 		if new.Window != old.Window {
 			a.WindowStart = alignDown(max(at, a.WindowStart), new.Window)

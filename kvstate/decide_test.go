@@ -51,8 +51,16 @@ func TestDecideAllSteps(t *testing.T) {
 }
 
 func TestZeroAllocs(t *testing.T) {
-	for _, alg := range []Algorithm{TokenBucket, GCRA, FixedWindow, SlidingWindow} {
-		l := Limit{Algorithm: alg, Rate: 10 * Unit, Burst: 40 * Unit, Limit: 40 * Unit, Window: Second}
+	for _, l := range []Limit{
+		{Algorithm: TokenBucket, Rate: 10 * Unit, Burst: 40 * Unit},
+		{Algorithm: TokenBucket, Rate: 1000 * Unit, Burst: 40 * Unit, RatePer: 86400 * Second},
+		{Algorithm: GCRA, Rate: 10 * Unit, Burst: 40 * Unit},
+		{Algorithm: GCRA, Rate: 1000 * Unit, Burst: 40 * Unit, RatePer: 86400 * Second},
+		{Algorithm: FixedWindow, Limit: 40 * Unit, Window: Second},
+		{Algorithm: SlidingWindow, Limit: 40 * Unit, Window: Second},
+		{Algorithm: Quota, Limit: 40 * Unit, Period: Month},
+	} {
+		alg := l.Algorithm
 		var s State
 		now := t0
 		if n := testing.AllocsPerRun(100, func() {

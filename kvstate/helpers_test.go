@@ -67,4 +67,8 @@ func cloneStates(ss []State) []State {
 	return out
 }
 
-var allAlgorithms = []Algorithm{TokenBucket, GCRA, FixedWindow, SlidingWindow, SlidingLog, Concurrency}
+var allAlgorithms = []Algorithm{TokenBucket, GCRA, FixedWindow, SlidingWindow, SlidingLog, Concurrency, Quota}
+
+// MaxQuotaTest is the largest quota limit the tests draw: 1e12 units, the
+// most a policy allows.
+const MaxQuotaTest = 1_000_000_000_000 * Unit

@@ -3,9 +3,11 @@
 // the binary codec for the state a limit key keeps in JetStream KV.
 //
 // Units. Quantities (tokens, costs, counts) are int64 micro-units: 1 unit is
-// [Unit] = 1,000,000 micro-units. Rates are micro-units per second. Times and
-// durations are int64 nanoseconds (Unix nanoseconds for instants). No
-// floating point is used in a decision.
+// [Unit] = 1,000,000 micro-units. Rates are micro-units per second, or per
+// [Limit.RatePer] ns when that is set, so that a rate such as 1000 units a
+// day is exact. Times and durations are int64 nanoseconds (Unix nanoseconds
+// for instants); calendar periods are UTC. No floating point is used in a
+// decision.
 //
 // Purity. Nothing in the decision functions reads a clock, allocates on the
 // token-bucket and GCRA paths, logs or does I/O, and no function mutates the
@@ -55,6 +57,7 @@ const (
 	SlidingWindow Algorithm = 4 // two-window weighted estimate
 	SlidingLog    Algorithm = 5 // exact trailing Window, at most MaxLogEntries entries
 	Concurrency   Algorithm = 6 // at most Limit held at once; holds expire after Window
+	Quota         Algorithm = 7 // at most Limit per UTC calendar Period
 )
 
 var algorithmNames = [...]string{
@@ -64,6 +67,7 @@ var algorithmNames = [...]string{
 	SlidingWindow: "sliding_window",
 	SlidingLog:    "sliding_log",
 	Concurrency:   "concurrency",
+	Quota:         "quota",
 }
 
 // String returns the algorithm's policy name, such as "token_bucket".
@@ -91,30 +95,78 @@ func (a Algorithm) Bucket() bool { return a == TokenBucket || a == GCRA }
 // Limit is the parameters of one limit, in fixed point. Which fields apply
 // depends on Algorithm:
 //
-//	token_bucket, gcra:          Rate (micro-units/s), Burst (micro-units)
+//	token_bucket, gcra:          Rate (micro-units per RatePer ns, by default
+//	                             per second), Burst (micro-units)
 //	fixed_window, sliding_window,
 //	sliding_log:                 Limit (micro-units per Window), Window (ns)
 //	concurrency:                 Limit (micro-units held at once), Window (hold expiry, ns)
+//	quota:                       Limit (micro-units per Period), Period
 //
 // A valid Limit has positive values in the fields its algorithm uses; see
-// [Limit.Validate].
+// [Limit.Validate]. Limit is comparable with ==.
 type Limit struct {
 	Algorithm Algorithm
 	Rate      int64
 	Burst     int64
 	Limit     int64
 	Window    int64
+	// RatePer is the span, in ns, that a bucket's Rate is counted over:
+	// Rate micro-units refill every RatePer ns, exactly. 0 means [Second].
+	// A rate such as 1000 units a day is Rate 1e9, RatePer 86400*Second,
+	// with no rounding to micro-units per second.
+	RatePer int64
+	// Period is a quota's calendar period; 0 is invalid for quota and
+	// unused by the other algorithms.
+	Period Period
 }
 
+// Period is a UTC calendar period of a quota limit. The zero value is
+// invalid.
+type Period uint8
+
+// The calendar periods. Periods start at 00 minutes of the hour (Hour), at
+// 00:00 UTC (Day), on Monday 00:00 UTC (Week) and on the first of the
+// month 00:00 UTC (Month).
+const (
+	Hour  Period = 1
+	Day   Period = 2
+	Week  Period = 3
+	Month Period = 4
+)
+
+var periodNames = [...]string{Hour: "hour", Day: "day", Week: "week", Month: "month"}
+
+// String returns the period's policy name, such as "month".
+func (p Period) String() string {
+	if p.valid() {
+		return periodNames[p]
+	}
+	return "unknown"
+}
+
+// ParsePeriod returns the period with the given policy name ("hour", "day",
+// "week" or "month").
+func ParsePeriod(name string) (Period, bool) {
+	for p, n := range periodNames {
+		if n != "" && n == name {
+			return Period(p), true
+		}
+	}
+	return 0, false
+}
+
+func (p Period) valid() bool { return p >= Hour && p <= Month }
+
 // MaxGCRASpan is the longest time to fill a gcra limit from empty
-// (Burst*1e9/Rate ns, about 146 years) that [Limit.Validate] accepts. A gcra
+// (Burst*RatePer/Rate ns, about 146 years) that [Limit.Validate] accepts. A gcra
 // state keeps its theoretical arrival time as int64 Unix nanoseconds, so the
 // span must fit beside now; token_bucket has no such bound.
 const MaxGCRASpan int64 = 1 << 62
 
 // Validate reports whether the limit can be enforced: a known algorithm and
-// positive values in the fields it uses (see [Limit]); for gcra, a time to
-// fill of at most [MaxGCRASpan]. Errors wrap [ErrInvalidLimit].
+// positive values in the fields it uses (see [Limit]; RatePer may be 0); a
+// known Period for quota; for gcra, a time to fill of at most
+// [MaxGCRASpan]. Errors wrap [ErrInvalidLimit].
 //
 // The decision functions never panic on an invalid limit: they deny with
 // RetryAfter [Never] (fail closed) and return the state unchanged.
@@ -127,8 +179,11 @@ func (l Limit) Validate() error {
 		if l.Burst <= 0 {
 			return fmt.Errorf("%w: %s burst %d must be positive", ErrInvalidLimit, l.Algorithm, l.Burst)
 		}
+		if l.RatePer < 0 {
+			return fmt.Errorf("%w: %s rate span %d must not be negative", ErrInvalidLimit, l.Algorithm, l.RatePer)
+		}
 		if l.Algorithm == GCRA {
-			fill := mul64(uint64(l.Burst), nano).divCeil(uint64(l.Rate))
+			fill := bucketFull(&l).divCeil(uint64(l.Rate))
 			if from64(uint64(MaxGCRASpan)).less(fill) {
 				return fmt.Errorf("%w: gcra burst/rate fills in more than %d ns; use token_bucket", ErrInvalidLimit, MaxGCRASpan)
 			}
@@ -140,6 +195,13 @@ func (l Limit) Validate() error {
 		if l.Window <= 0 {
 			return fmt.Errorf("%w: %s window %d must be positive", ErrInvalidLimit, l.Algorithm, l.Window)
 		}
+	case Quota:
+		if l.Limit <= 0 {
+			return fmt.Errorf("%w: quota limit %d must be positive", ErrInvalidLimit, l.Limit)
+		}
+		if !l.Period.valid() {
+			return fmt.Errorf("%w: quota period %d is not hour, day, week or month", ErrInvalidLimit, l.Period)
+		}
 	default:
 		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalidLimit, l.Algorithm)
 	}
@@ -148,8 +210,11 @@ func (l Limit) Validate() error {
 
 // usable is the cheap part of Validate that the decision paths check.
 func (l Limit) usable() bool {
-	if l.Algorithm.Bucket() {
-		return l.Rate > 0 && l.Burst > 0
+	switch {
+	case l.Algorithm.Bucket():
+		return l.Rate > 0 && l.Burst > 0 && l.RatePer >= 0
+	case l.Algorithm == Quota:
+		return l.Limit > 0 && l.Period.valid()
 	}
 	return l.Limit > 0 && l.Window > 0
 }
@@ -171,8 +236,9 @@ type State struct {
 	// Algorithm is the algorithm the state belongs to; 0 means never seen.
 	Algorithm Algorithm
 
-	// token_bucket: Tokens micro-units plus Frac/1e9 of a micro-unit were
-	// available at Last. 0 <= Frac < 1e9.
+	// token_bucket: Tokens micro-units plus Frac/RatePer of a micro-unit
+	// (Frac/1e9 when RatePer is 0) were available at Last.
+	// 0 <= Frac < RatePer.
 	Tokens int64
 	Frac   int64
 	Last   int64
@@ -185,7 +251,8 @@ type State struct {
 
 	// fixed_window, sliding_window: the current window starts at
 	// WindowStart and holds Count micro-units; Prev is the previous window's
-	// count (sliding_window only).
+	// count (sliding_window only). quota: the current period starts at
+	// WindowStart and Count micro-units have been spent in it.
 	WindowStart int64
 	Count       int64
 	Prev        int64
@@ -224,7 +291,7 @@ type Decision struct {
 	// cost could be admitted with no other traffic (rounded up), or Never.
 	RetryAfter int64
 	// ResetAfter is the nanoseconds until the limit is full again (buckets)
-	// or its current window ends (windows).
+	// or its current window or period ends (windows, quota).
 	ResetAfter int64
 }
 

@@ -10,7 +10,9 @@ import (
 )
 
 // genBucketLimit draws a bucket limit that Validate accepts, from tiny to
-// int64-sized rates.
+// int64-sized rates, per second or per a longer span (N/m, N/h, N/d or any
+// span). The rate is raised where needed so that the limit is also a valid
+// gcra limit (the equivalence test decides it as both).
 func genBucketLimit(t *rapid.T, alg Algorithm) Limit {
 	rate := rapid.OneOf(
 		rapid.Int64Range(1, 1000),
@@ -22,7 +24,16 @@ func genBucketLimit(t *rapid.T, alg Algorithm) Limit {
 		rapid.Int64Range(1, 100*Unit),
 		rapid.Int64Range(1, 4_000*Unit),
 	).Draw(t, "burst")
-	l := Limit{Algorithm: alg, Rate: rate, Burst: burst}
+	per := rapid.OneOf(
+		rapid.Just(int64(0)),
+		rapid.SampledFrom([]int64{Second, 60 * Second, 3600 * Second, 86400 * Second}),
+		rapid.Int64Range(1, 1000*86400*Second),
+	).Draw(t, "per")
+	l := Limit{Algorithm: alg, Rate: rate, Burst: burst, RatePer: per}
+	// The gcra span bound: Burst*per/Rate <= MaxGCRASpan.
+	if minRate := bucketFull(&l).divCeil(uint64(MaxGCRASpan)); from64(uint64(l.Rate)).less(minRate) {
+		l.Rate = minRate.int64()
+	}
 	if err := l.Validate(); err != nil {
 		t.Fatalf("generated an invalid limit: %v", err)
 	}
@@ -38,9 +49,21 @@ func genWindowLimit(t *rapid.T, alg Algorithm) Limit {
 	}
 }
 
+// genQuotaLimit draws a quota limit, from a few micro-units to 1e12 units.
+func genQuotaLimit(t *rapid.T) Limit {
+	return Limit{
+		Algorithm: Quota,
+		Limit:     rapid.OneOf(rapid.Int64Range(1, 20), rapid.Int64Range(1, 100*Unit), rapid.Int64Range(1, MaxQuotaTest)).Draw(t, "limit"),
+		Period:    Period(rapid.IntRange(int(Hour), int(Month)).Draw(t, "period")),
+	}
+}
+
 func genLimit(t *rapid.T, alg Algorithm) Limit {
-	if alg.Bucket() {
+	switch {
+	case alg.Bucket():
 		return genBucketLimit(t, alg)
+	case alg == Quota:
+		return genQuotaLimit(t)
 	}
 	return genWindowLimit(t, alg)
 }
@@ -49,7 +72,7 @@ func genLimit(t *rapid.T, alg Algorithm) Limit {
 type arrival struct{ now, cost int64 }
 
 // genArrivals draws up to 80 requests starting at t0. Gaps range from 0 to
-// hours; with backwards set, some step back in time. Costs range up to a
+// weeks; with backwards set, some step back in time. Costs range up to a
 // little over capacity.
 func genArrivals(t *rapid.T, capacity int64, backwards bool) []arrival {
 	gaps := []*rapid.Generator[int64]{
@@ -57,6 +80,7 @@ func genArrivals(t *rapid.T, capacity int64, backwards bool) []arrival {
 		rapid.Int64Range(0, 1000),
 		rapid.Int64Range(0, Second),
 		rapid.Int64Range(0, 3600*Second),
+		rapid.Int64Range(0, 20*24*3600*Second),
 	}
 	if backwards {
 		gaps = append(gaps, rapid.Int64Range(-10*Second, -1))
@@ -78,7 +102,7 @@ func genArrivals(t *rapid.T, capacity int64, backwards bool) []arrival {
 
 // TestBucketEnvelope checks the token-bucket contract (§4) for token_bucket
 // and gcra: over every interval of admission instants, the admitted cost is
-// at most burst + rate*(t2-t1), to the nano-micro-unit. The instant of an
+// at most burst + rate*(t2-t1), exactly (in ticks of 1/RatePer micro-unit). The instant of an
 // admission is its effective time: the caller's now, or the latest
 // admission's instant if now is earlier (a clock stepping back is treated
 // as standing still).
@@ -101,12 +125,13 @@ func TestBucketEnvelope(t *testing.T) {
 					}
 					s = ns
 				}
-				burst := new(big.Int).Mul(big.NewInt(l.Burst), big.NewInt(nano))
+				per := big.NewInt(int64(l.per()))
+				burst := new(big.Int).Mul(big.NewInt(l.Burst), per)
 				rate := big.NewInt(l.Rate)
 				for i := range admitted {
 					sum := new(big.Int)
 					for j := i; j < len(admitted); j++ {
-						sum.Add(sum, new(big.Int).Mul(big.NewInt(admitted[j].cost), big.NewInt(nano)))
+						sum.Add(sum, new(big.Int).Mul(big.NewInt(admitted[j].cost), per))
 						bound := new(big.Int).Mul(rate, big.NewInt(admitted[j].at-admitted[i].at))
 						bound.Add(bound, burst)
 						if sum.Cmp(bound) > 0 {

@@ -3,6 +3,7 @@ package policies
 import (
 	"math"
 	"strconv"
+	"time"
 
 	"github.com/cockroachdb/apd/v3"
 	"github.com/limitmesh/limitmesh/kvstate"
@@ -116,6 +117,43 @@ func parseMicro(s string, max int64) (int64, string) {
 	return v, ""
 }
 
+// parseCount parses a positive whole number (digits, no sign, no leading
+// zero) that fits int64. On failure it returns a reason to print after the
+// offending text.
+func parseCount(s string) (int64, string) {
+	if s == "" {
+		return 0, reasonEmpty
+	}
+	body := s
+	if s[0] == '-' {
+		body = s[1:]
+	}
+	i := 0
+	for i < len(body) && isDigit(body[i]) {
+		i++
+	}
+	if i == 0 || (i > 1 && body[0] == '0') {
+		return 0, reasonNotNumber
+	}
+	if i < len(body) {
+		switch body[i] {
+		case '.':
+			return 0, "is not a whole number"
+		case 'e', 'E':
+			return 0, reasonExponent
+		}
+		return 0, reasonNotNumber
+	}
+	if len(body) != len(s) || allZero(body) {
+		return 0, reasonNotPos
+	}
+	n, err := strconv.ParseInt(body, 10, 64)
+	if err != nil {
+		return 0, "is too large (at most " + strconv.FormatInt(math.MaxInt64, 10) + ")"
+	}
+	return n, ""
+}
+
 func tooLarge(max int64) string { return "is too large (at most " + formatMicro(max) + ")" }
 
 // ParseCost parses a request cost (CONTRACT.md §2): JSON number text or the
@@ -147,40 +185,78 @@ func ParseCost(s string) (int64, error) {
 	return v, nil
 }
 
-// parseRate parses "N/s", "N/m" or "N/h" (N a decimal as above) into
-// micro-units per second. A rate that is not a whole number of micro-units
-// per second is rounded DOWN (conservative: the limit never admits more
-// than written): "2.5/h" is 694 micro-units/s, not 694.44. A rate that
-// rounds down to zero is rejected.
-func parseRate(s string) (int64, string) {
+// Rate periods: the span, in ns, that "N/s", "N/m", "N/h" and "N/d" count
+// over.
+const (
+	perSecond = kvstate.Second
+	perMinute = 60 * perSecond
+	perHour   = 60 * perMinute
+	perDay    = 24 * perHour
+)
+
+// parseRate parses "N/s", "N/m", "N/h" or "N/d" (N a decimal as above) into
+// an exact kvstate rate: Rate micro-units per RatePer ns. A rate that is a
+// whole number of micro-units per second is kept per second (RatePer 0,
+// Rate = N*1e6/seconds): "600/m" is Rate 10,000,000, RatePer 0. Any other
+// rate is kept over its own period, with nothing rounded: "1000/d" is Rate
+// 1,000,000,000 micro-units per RatePer 86400 s, "2.5/h" is Rate 2,500,000
+// per RatePer 3600 s.
+func parseRate(s string) (rate, per int64, reason string) {
 	q := strconv.Quote(s)
 	if len(s) < 3 || s[len(s)-2] != '/' {
-		return 0, q + " is not N/s, N/m or N/h"
+		return 0, 0, q + " " + reasonRate
 	}
-	var secs int64
 	switch s[len(s)-1] {
 	case 's':
-		secs = 1
+		per = perSecond
 	case 'm':
-		secs = 60
+		per = perMinute
 	case 'h':
-		secs = 3600
+		per = perHour
+	case 'd':
+		per = perDay
 	default:
-		return 0, q + " is not N/s, N/m or N/h"
+		return 0, 0, q + " " + reasonRate
 	}
 	n, reason := parseMicro(s[:len(s)-2], math.MaxInt64)
 	switch reason {
 	case "":
 	case reasonNotNumber, reasonEmpty:
-		return 0, q + " is not N/s, N/m or N/h"
+		return 0, 0, q + " " + reasonRate
 	default:
-		return 0, q + ": N " + reason
+		return 0, 0, q + ": N " + reason
 	}
-	r := n / secs
-	if r == 0 {
-		return 0, q + " rounds down to 0 micro-units per second"
+	if secs := per / perSecond; n%secs == 0 {
+		return n / secs, 0, ""
 	}
-	return r, ""
+	return n, per, ""
+}
+
+// reasonRate is the rejection of a rate that is not N/s, N/m, N/h or N/d.
+const reasonRate = "is not N/s, N/m, N/h or N/d"
+
+// FormatRate writes a bucket limit's rate as a policy document does: "N/s"
+// when RatePer is 0, "N/m", "N/h" or "N/d" for a rate kept over a minute,
+// an hour or a day, with N the exact decimal number of units (Rate in
+// micro-units): Rate 10,000,000 is "10/s", Rate 1e9 per day is "1000/d". A
+// RatePer that no policy produces is written "N per <duration>".
+func FormatRate(l kvstate.Limit) string {
+	return string(appendRate(nil, l))
+}
+
+func appendRate(b []byte, l kvstate.Limit) []byte {
+	b = appendMicro(b, l.Rate)
+	switch l.RatePer {
+	case 0, perSecond:
+		return append(b, "/s"...)
+	case perMinute:
+		return append(b, "/m"...)
+	case perHour:
+		return append(b, "/h"...)
+	case perDay:
+		return append(b, "/d"...)
+	}
+	return append(append(b, " per "...), time.Duration(l.RatePer).String()...)
 }
 
 // formatMicro writes micro-units as a decimal with the fractional digits

@@ -16,6 +16,13 @@ func FuzzParse(f *testing.F) {
 	f.Add("p", []byte(`{"limits":[{"algorithm":"gcra","rate":"1/s","burst":1}]}{}`))
 	f.Add("Bad", []byte(`{}`))
 	f.Add("p", []byte(`{"description":"\u0000\ud800","limits":[{"algorithm":"gcra","rate":"1/m","burst":1}]}`))
+	f.Add("acme", []byte(acmeMonthly))
+	f.Add("p", []byte(`{"limits":[{"algorithm":"gcra","rate":"1000/d","burst":"2.5"},{"name":"q","algorithm":"quota","limit":"1000000000000","period":"week"}],"max_keys":"1"}`))
+	f.Add("p", []byte(`{"limits":[{"algorithm":"quota","limit":1000000000000.000001,"period":"day","window":"1h"}],"max_keys":0}`))
+	f.Add("p", []byte(`{"mode":"leased","lease":{"size":"0.5","ttl":"100ms","max_outstanding":40},"limits":[{"algorithm":"token_bucket","rate":"0.000001/d","burst":40}]}`))
+	f.Add("p", []byte(`{"mode":"leased","lease":{"size":41},"limits":[{"algorithm":"token_bucket","rate":"10/s","burst":40}]}`))
+	f.Add("p", []byte(`{"lease":null,"max_keys":null,"limits":[{"algorithm":"quota","limit":0.000001,"period":"hour"}],"mode":"leased"}`))
+	f.Add("p", []byte(`{"mode":"async","lease":{},"limits":[{"algorithm":"quota","limit":1,"period":"month"}],"max_keys":9223372036854775808}`))
 	f.Fuzz(func(t *testing.T, name string, doc []byte) {
 		p, err := Parse(name, doc)
 		if err != nil {

@@ -98,6 +98,18 @@ func (p *Policy) AppendLimitKey(dst []byte, d Descriptor) ([]byte, error) {
 	return hex.AppendEncode(dst, sum[:]), nil
 }
 
+// OverflowKey returns the state key shared by every limit key of p beyond
+// p.MaxKeys (CONTRACT.md §9; KEYS.md "Overflow key"):
+// "p.<policy>._overflow". It is no limit key of any policy: its third
+// token starts with "_o", while a literal key's third token starts with a
+// dimension name, a digest key's with "_h", and a policy without key
+// dimensions has the two-token key "p.<policy>". It is a valid JetStream KV
+// key of at most 76 bytes.
+func (p *Policy) OverflowKey() string { return "p." + p.Name + "." + overflowToken }
+
+// overflowToken is the last token of an overflow key.
+const overflowToken = "_overflow"
+
 // appendEscaped appends v with every byte outside [A-Za-z0-9-] written as
 // '_' and two lowercase hex digits.
 func appendEscaped(dst []byte, v string) []byte {

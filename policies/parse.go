@@ -22,28 +22,38 @@ import (
 //	             null: the match names; [] : one key shared by everyone
 //	limits       1..8 limit objects (below)
 //	mode         "strict" (default), "async", "local" or "leased"
+//	lease        leased mode only: object with the optional fields size
+//	             (decimal units), ttl (a Go duration >= 100ms) and
+//	             max_outstanding (decimal units); see [Lease] for the
+//	             defaults, which Parse fills in for every leased policy
+//	max_keys     positive integer (number or string), default 1,000,000
 //	shadow       bool
 //	description  string, at most 1024 bytes
+//
+// A null value is the same as an absent field, except for limits.
 //
 // A limit object has "name" (optional, [a-z0-9_-]{1,64}, default the
 // algorithm's name, unique in the policy), "algorithm" and the fields of its
 // algorithm, and no others:
 //
-//	token_bucket, gcra       rate ("N/s", "N/m", "N/h"), burst
+//	token_bucket, gcra       rate ("N/s", "N/m", "N/h", "N/d"), burst
 //	fixed_window,
 //	sliding_window,
 //	sliding_log              limit, window (a Go duration >= 1ms);
 //	                         sliding_log limit <= 10000
 //	concurrency              limit (held at once), window (how long a hold
 //	                         lasts before it expires, a Go duration >= 1ms)
+//	quota                    limit (<= 1e12 per period), period ("hour",
+//	                         "day", "week" or "month", UTC; weeks start on
+//	                         Monday)
 //
 // burst and limit are a JSON number or a string holding one, with at most 6
 // fractional digits and no exponent, > 0; they become micro-units exactly.
-// A rate's N follows the same syntax; the rate becomes micro-units per
-// second, rounded down when it is not whole (see parseRate).
+// A rate's N follows the same syntax; the rate is kept exactly, per second
+// or over its own period (see parseRate).
 //
 // Errors are [*Error] naming the field, such as
-// `limits[0].rate: "ten per second" is not N/s, N/m or N/h`, and match
+// `limits[0].rate: "ten per second" is not N/s, N/m, N/h or N/d`, and match
 // [ErrInvalid]. Revision is left 0 for the caller to set.
 func Parse(name string, doc []byte) (*Policy, error) {
 	if err := ValidateName(name); err != nil {
@@ -169,12 +179,13 @@ func (ps *parser) policy(name string) (*Policy, error) {
 	if d, ok := t.(json.Delim); !ok || d != '{' {
 		return nil, invalid("", "policy must be a JSON object")
 	}
-	p := &Policy{Name: name}
+	p := &Policy{Name: name, MaxKeys: DefaultMaxKeys}
 	var (
 		seen      = map[string]bool{}
 		keyGiven  bool
 		keyNames  []string
 		hasLimits bool
+		lease     *rawLease
 	)
 	for {
 		k, ok, err := ps.key("")
@@ -215,6 +226,14 @@ func (ps *parser) policy(name string) (*Policy, error) {
 				}
 				p.Mode = m
 			}
+		case "max_keys":
+			if p.MaxKeys, err = ps.maxKeys(path); err != nil {
+				return nil, err
+			}
+		case "lease":
+			if lease, err = ps.lease(path); err != nil {
+				return nil, err
+			}
 		case "shadow":
 			t, err := ps.token(path)
 			if err != nil {
@@ -242,6 +261,13 @@ func (ps *parser) policy(name string) (*Policy, error) {
 	}
 	if !hasLimits {
 		return nil, invalid("limits", "required (1..8 limits)")
+	}
+	if p.Mode == ModeLeased {
+		if p.Lease, err = lease.build(p.Limits); err != nil {
+			return nil, err
+		}
+	} else if lease != nil {
+		return nil, invalid("lease", reasonLeaseMode)
 	}
 	if keyGiven {
 		p.Key = keyNames
@@ -370,10 +396,11 @@ type rawLimit struct {
 	name, algorithm      string
 	rate, burst, limit   string
 	burstShow, limitShow string
-	window               string
+	window, period       string
 	hasName, hasAlg      bool
 	hasRate, hasBurst    bool
 	hasLimit, hasWindow  bool
+	hasPeriod            bool
 }
 
 func (ps *parser) limit(path string) (NamedLimit, error) {
@@ -426,6 +453,11 @@ func (ps *parser) limit(path string) (NamedLimit, error) {
 			if !dup {
 				r.window, _, err = ps.str(fp, false)
 			}
+		case "period":
+			dup, r.hasPeriod = r.hasPeriod, true
+			if !dup {
+				r.period, _, err = ps.str(fp, false)
+			}
 		default:
 			return NamedLimit{}, invalid(fp, "unknown field")
 		}
@@ -446,7 +478,7 @@ func (r *rawLimit) build(path string) (NamedLimit, error) {
 	alg, ok := kvstate.ParseAlgorithm(r.algorithm)
 	if !ok {
 		return NamedLimit{}, invalid(path+".algorithm", "unknown algorithm "+strconv.Quote(r.algorithm)+
-			" (token_bucket, gcra, fixed_window, sliding_window, sliding_log or concurrency)")
+			" (token_bucket, gcra, fixed_window, sliding_window, sliding_log, concurrency or quota)")
 	}
 	nl := NamedLimit{Name: alg.String(), Limit: kvstate.Limit{Algorithm: alg}}
 	if r.hasName {
@@ -467,12 +499,14 @@ func (r *rawLimit) build(path string) (NamedLimit, error) {
 			return NamedLimit{}, notFor("limit")
 		case r.hasWindow:
 			return NamedLimit{}, notFor("window")
+		case r.hasPeriod:
+			return NamedLimit{}, notFor("period")
 		case !r.hasRate:
 			return NamedLimit{}, required("rate")
 		case !r.hasBurst:
 			return NamedLimit{}, required("burst")
 		}
-		rate, reason := parseRate(r.rate)
+		rate, per, reason := parseRate(r.rate)
 		if reason != "" {
 			return NamedLimit{}, invalid(path+".rate", reason)
 		}
@@ -480,7 +514,7 @@ func (r *rawLimit) build(path string) (NamedLimit, error) {
 		if reason != "" {
 			return NamedLimit{}, invalid(path+".burst", r.burstShow+" "+reason)
 		}
-		nl.Rate, nl.Burst = rate, burst
+		nl.Rate, nl.RatePer, nl.Burst = rate, per, burst
 		return nl, nil
 	}
 	switch {
@@ -490,6 +524,28 @@ func (r *rawLimit) build(path string) (NamedLimit, error) {
 		return NamedLimit{}, notFor("burst")
 	case !r.hasLimit:
 		return NamedLimit{}, required("limit")
+	}
+	if alg == kvstate.Quota {
+		switch {
+		case r.hasWindow:
+			return NamedLimit{}, notFor("window")
+		case !r.hasPeriod:
+			return NamedLimit{}, required("period")
+		}
+		limit, reason := parseMicro(r.limit, MaxQuota)
+		if reason != "" {
+			return NamedLimit{}, invalid(path+".limit", r.limitShow+" "+reason)
+		}
+		period, ok := kvstate.ParsePeriod(r.period)
+		if !ok {
+			return NamedLimit{}, invalid(path+".period", strconv.Quote(r.period)+" is not hour, day, week or month")
+		}
+		nl.Limit.Limit, nl.Period = limit, period
+		return nl, nil
+	}
+	switch {
+	case r.hasPeriod:
+		return NamedLimit{}, notFor("period")
 	case !r.hasWindow:
 		return NamedLimit{}, required("window")
 	}
@@ -510,4 +566,106 @@ func (r *rawLimit) build(path string) (NamedLimit, error) {
 	}
 	nl.Limit.Limit, nl.Window = limit, int64(w)
 	return nl, nil
+}
+
+// maxKeys reads max_keys: a positive whole number, as a JSON number or a
+// string holding one; null is the default.
+func (ps *parser) maxKeys(path string) (int64, error) {
+	t, err := ps.token(path)
+	if err != nil {
+		return 0, err
+	}
+	var text, show string
+	switch v := t.(type) {
+	case nil:
+		return DefaultMaxKeys, nil
+	case json.Number:
+		text, show = string(v), string(v)
+	case string:
+		text, show = v, strconv.Quote(v)
+	default:
+		return 0, invalid(path, "must be a whole number")
+	}
+	n, reason := parseCount(text)
+	if reason != "" {
+		return 0, invalid(path, show+" "+reason)
+	}
+	return n, nil
+}
+
+// rawLease is a lease object as read: the fields given, checked one by
+// one; the defaults and the rule between them wait for the limits.
+type rawLease struct {
+	Lease           // the fields given; 0 when absent
+	sizeShow string // size as written, for errors
+}
+
+// lease reads the lease object (nil for null).
+func (ps *parser) lease(path string) (*rawLease, error) {
+	null, err := ps.expectDelim(path, '{', "an object with size, ttl and max_outstanding")
+	if err != nil || null {
+		return nil, err
+	}
+	r := &rawLease{}
+	seen := map[string]bool{}
+	for {
+		k, ok, err := ps.key(path)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return r, nil
+		}
+		fp := fieldPath(path, k)
+		switch k {
+		case "size", "max_outstanding", "ttl":
+			if seen[k] {
+				return nil, invalid(fp, "duplicate field")
+			}
+			seen[k] = true
+		default:
+			return nil, invalid(fp, "unknown field")
+		}
+		if k == "ttl" {
+			text, _, err := ps.str(fp, false)
+			if err != nil {
+				return nil, err
+			}
+			d, err := time.ParseDuration(text)
+			if err != nil {
+				return nil, invalid(fp, strconv.Quote(text)+" is not a Go duration such as \"2s\" or \"500ms\"")
+			}
+			if d < MinLeaseTTL {
+				return nil, invalid(fp, strconv.Quote(text)+" is under 100ms")
+			}
+			r.TTL = d
+			continue
+		}
+		text, show, err := ps.decimal(fp)
+		if err != nil {
+			return nil, err
+		}
+		v, reason := parseMicro(text, math.MaxInt64)
+		if reason != "" {
+			return nil, invalid(fp, show+" "+reason)
+		}
+		if k == "size" {
+			r.Size, r.sizeShow = v, show
+		} else {
+			r.MaxOutstanding = v
+		}
+	}
+}
+
+// build fills in the defaults for limits (r may be nil: no lease object)
+// and checks that a grant fits in max_outstanding.
+func (r *rawLease) build(limits []NamedLimit) (Lease, error) {
+	if r == nil {
+		return leaseDefaults(Lease{}, limits), nil
+	}
+	l := leaseDefaults(r.Lease, limits)
+	if l.Size > l.MaxOutstanding { // only a size given: a default size is at most max_outstanding
+		return Lease{}, invalid("lease.size", r.sizeShow+" is above max_outstanding "+formatMicro(l.MaxOutstanding))
+	}
+	return l, nil
 }

@@ -60,6 +60,12 @@ func TestParseAccepts(t *testing.T) {
 	win := func(a kvstate.Algorithm, limit, window int64) kvstate.Limit {
 		return kvstate.Limit{Algorithm: a, Limit: limit, Window: window}
 	}
+	tbPer := func(rate, per, burst int64) kvstate.Limit {
+		return kvstate.Limit{Algorithm: kvstate.TokenBucket, Rate: rate, RatePer: per, Burst: burst}
+	}
+	quota := func(limit int64, p kvstate.Period) kvstate.Limit {
+		return kvstate.Limit{Algorithm: kvstate.Quota, Limit: limit, Period: p}
+	}
 	ms := int64(1_000_000)
 	tests := []struct {
 		doc  string
@@ -67,8 +73,17 @@ func TestParseAccepts(t *testing.T) {
 	}{
 		{one(`{"algorithm":"token_bucket","rate":"10/s","burst":1}`), NamedLimit{"token_bucket", tb(10_000_000, 1_000_000)}},
 		{one(`{"algorithm":"token_bucket","rate":"600/m","burst":"2.5"}`), NamedLimit{"token_bucket", tb(10_000_000, 2_500_000)}},
-		// 2.5/h = 2,500,000 micro / 3600 s = 694.44 micro/s, rounded down.
-		{one(`{"algorithm":"token_bucket","rate":"2.5/h","burst":0.000001}`), NamedLimit{"token_bucket", tb(694, 1)}},
+		// 2.5/h = 2,500,000 micro / 3600 s = 694.44 micro/s: kept per hour, exactly.
+		{one(`{"algorithm":"token_bucket","rate":"2.5/h","burst":0.000001}`), NamedLimit{"token_bucket", tbPer(2_500_000, 3600*sec, 1)}},
+		{one(`{"algorithm":"gcra","rate":"1000/d","burst":40}`), NamedLimit{"gcra", kvstate.Limit{Algorithm: kvstate.GCRA, Rate: 1_000_000_000, RatePer: 86400 * sec, Burst: 40_000_000}}},
+		// 86400/d is a whole 1/s: kept per second.
+		{one(`{"algorithm":"token_bucket","rate":"86400/d","burst":1}`), NamedLimit{"token_bucket", tb(1_000_000, 1_000_000)}},
+		{one(`{"algorithm":"token_bucket","rate":"0.000001/d","burst":1}`), NamedLimit{"token_bucket", tbPer(1, 86400*sec, 1_000_000)}},
+		{one(`{"algorithm":"token_bucket","rate":"1/m","burst":1}`), NamedLimit{"token_bucket", tbPer(1_000_000, 60*sec, 1_000_000)}},
+		{one(`{"algorithm":"quota","limit":20000000,"period":"month"}`), NamedLimit{"quota", quota(20_000_000_000_000, kvstate.Month)}},
+		{one(`{"name":"q","algorithm":"quota","limit":"1000000000000","period":"hour"}`), NamedLimit{"q", quota(1_000_000_000_000_000_000, kvstate.Hour)}},
+		{one(`{"algorithm":"quota","limit":0.5,"period":"week"}`), NamedLimit{"quota", quota(500_000, kvstate.Week)}},
+		{one(`{"algorithm":"quota","period":"day","limit":"2.000001"}`), NamedLimit{"quota", quota(2_000_001, kvstate.Day)}},
 		{one(`{"algorithm":"token_bucket","rate":"3600/h","burst":1}`), NamedLimit{"token_bucket", tb(1_000_000, 1_000_000)}},
 		{one(`{"algorithm":"token_bucket","rate":"0.000001/s","burst":1}`), NamedLimit{"token_bucket", tb(1, 1_000_000)}},
 		{one(`{"algorithm":"token_bucket","rate":"1.5/m","burst":1}`), NamedLimit{"token_bucket", tb(25_000, 1_000_000)}},
@@ -185,7 +200,7 @@ func TestParseRejects(t *testing.T) {
 		{"p", `{"key":[` + manyNames(17) + `]}`, `key: has more than 16 dimensions`},
 		// limits: structure
 		{"p", one(`{"rate":"1/s","burst":1}`), `limits[0].algorithm: required`},
-		{"p", one(`{"algorithm":"leaky","rate":"1/s","burst":1}`), `limits[0].algorithm: unknown algorithm "leaky" (token_bucket, gcra, fixed_window, sliding_window, sliding_log or concurrency)`},
+		{"p", one(`{"algorithm":"leaky","rate":"1/s","burst":1}`), `limits[0].algorithm: unknown algorithm "leaky" (token_bucket, gcra, fixed_window, sliding_window, sliding_log, concurrency or quota)`},
 		{"p", one(`{"algorithm":7}`), `limits[0].algorithm: must be a string`},
 		{"p", one(`{"algorithm":"gcra","rate":"1/s","burst":1,"extra":2}`), `limits[0].extra: unknown field`},
 		{"p", one(`{"algorithm":"gcra","algorithm":"gcra"}`), `limits[0].algorithm: duplicate field`},
@@ -203,17 +218,63 @@ func TestParseRejects(t *testing.T) {
 		{"p", `{"limits":[{"algorithm":"gcra","rate":"1/s","burst":1},{"algorithm":"gcra","rate":"2/s","burst":1}]}`, `limits[1].name: duplicate limit name "gcra" (also limits[0])`},
 		{"p", `{"limits":[{"name":"a","algorithm":"gcra","rate":"1/s","burst":1},{"name":"a","algorithm":"fixed_window","limit":1,"window":"1s"}]}`, `limits[1].name: duplicate limit name "a" (also limits[0])`},
 		// rates
-		{"p", one(`{"algorithm":"token_bucket","rate":"ten per second","burst":1}`), `limits[0].rate: "ten per second" is not N/s, N/m or N/h`},
+		{"p", one(`{"algorithm":"token_bucket","rate":"ten per second","burst":1}`), `limits[0].rate: "ten per second" is not N/s, N/m, N/h or N/d`},
 		{"p", one(`{"algorithm":"token_bucket","rate":10,"burst":1}`), `limits[0].rate: must be a string`},
-		{"p", one(`{"algorithm":"token_bucket","rate":"10/d","burst":1}`), `limits[0].rate: "10/d" is not N/s, N/m or N/h`},
-		{"p", one(`{"algorithm":"token_bucket","rate":"/s","burst":1}`), `limits[0].rate: "/s" is not N/s, N/m or N/h`},
-		{"p", one(`{"algorithm":"token_bucket","rate":"10","burst":1}`), `limits[0].rate: "10" is not N/s, N/m or N/h`},
-		{"p", one(`{"algorithm":"token_bucket","rate":"10 /s","burst":1}`), `limits[0].rate: "10 /s" is not N/s, N/m or N/h`},
+		{"p", one(`{"algorithm":"token_bucket","rate":"10/w","burst":1}`), `limits[0].rate: "10/w" is not N/s, N/m, N/h or N/d`},
+		{"p", one(`{"algorithm":"token_bucket","rate":"10/D","burst":1}`), `limits[0].rate: "10/D" is not N/s, N/m, N/h or N/d`},
+		{"p", one(`{"algorithm":"token_bucket","rate":"/s","burst":1}`), `limits[0].rate: "/s" is not N/s, N/m, N/h or N/d`},
+		{"p", one(`{"algorithm":"token_bucket","rate":"10","burst":1}`), `limits[0].rate: "10" is not N/s, N/m, N/h or N/d`},
+		{"p", one(`{"algorithm":"token_bucket","rate":"10 /s","burst":1}`), `limits[0].rate: "10 /s" is not N/s, N/m, N/h or N/d`},
 		{"p", one(`{"algorithm":"token_bucket","rate":"0/s","burst":1}`), `limits[0].rate: "0/s": N must be > 0`},
 		{"p", one(`{"algorithm":"token_bucket","rate":"-1/s","burst":1}`), `limits[0].rate: "-1/s": N must be > 0`},
 		{"p", one(`{"algorithm":"token_bucket","rate":"1e3/s","burst":1}`), `limits[0].rate: "1e3/s": N has an exponent (write the digits out)`},
 		{"p", one(`{"algorithm":"token_bucket","rate":"0.0000001/s","burst":1}`), `limits[0].rate: "0.0000001/s": N has more than 6 fractional digits`},
-		{"p", one(`{"algorithm":"token_bucket","rate":"0.00001/m","burst":1}`), `limits[0].rate: "0.00001/m" rounds down to 0 micro-units per second`},
+		{"p", one(`{"algorithm":"token_bucket","rate":"0/d","burst":1}`), `limits[0].rate: "0/d": N must be > 0`},
+		{"p", one(`{"algorithm":"token_bucket","rate":"0.0000001/d","burst":1}`), `limits[0].rate: "0.0000001/d": N has more than 6 fractional digits`},
+		// quota
+		{"p", one(`{"algorithm":"quota","limit":10}`), `limits[0].period: required for quota`},
+		{"p", one(`{"algorithm":"quota","period":"day"}`), `limits[0].limit: required for quota`},
+		{"p", one(`{"algorithm":"quota","limit":10,"period":"year"}`), `limits[0].period: "year" is not hour, day, week or month`},
+		{"p", one(`{"algorithm":"quota","limit":10,"period":"Month"}`), `limits[0].period: "Month" is not hour, day, week or month`},
+		{"p", one(`{"algorithm":"quota","limit":10,"period":30}`), `limits[0].period: must be a string`},
+		{"p", one(`{"algorithm":"quota","limit":10,"period":null}`), `limits[0].period: must be a string`},
+		{"p", one(`{"algorithm":"quota","limit":10,"period":"day","period":"day"}`), `limits[0].period: duplicate field`},
+		{"p", one(`{"algorithm":"quota","limit":10,"period":"day","rate":"1/s"}`), `limits[0].rate: is not a field of quota`},
+		{"p", one(`{"algorithm":"quota","limit":10,"period":"day","burst":1}`), `limits[0].burst: is not a field of quota`},
+		{"p", one(`{"algorithm":"quota","limit":10,"period":"day","window":"1h"}`), `limits[0].window: is not a field of quota`},
+		{"p", one(`{"algorithm":"quota","limit":0,"period":"day"}`), `limits[0].limit: 0 must be > 0`},
+		{"p", one(`{"algorithm":"quota","limit":1000000000000.000001,"period":"day"}`), `limits[0].limit: 1000000000000.000001 is too large (at most 1000000000000)`},
+		{"p", one(`{"algorithm":"quota","limit":"1e12","period":"day"}`), `limits[0].limit: "1e12" has an exponent (write the digits out)`},
+		{"p", `{"limits":[{"algorithm":"gcra","rate":"1/s","burst":1},{"algorithm":"quota","limit":10,"period":"fortnight"}]}`, `limits[1].period: "fortnight" is not hour, day, week or month`},
+		{"p", one(`{"algorithm":"fixed_window","limit":1,"window":"1s","period":"day"}`), `limits[0].period: is not a field of fixed_window`},
+		{"p", one(`{"algorithm":"gcra","rate":"1/s","burst":1,"period":"day"}`), `limits[0].period: is not a field of gcra`},
+		// max_keys
+		{"p", one(`{"algorithm":"gcra","rate":"1/s","burst":1}`)[:1] + `"max_keys":0,` + one(`{"algorithm":"gcra","rate":"1/s","burst":1}`)[1:], `max_keys: 0 must be > 0`},
+		{"p", `{"max_keys":-5}`, `max_keys: -5 must be > 0`},
+		{"p", `{"max_keys":1.5}`, `max_keys: 1.5 is not a whole number`},
+		{"p", `{"max_keys":"1e6"}`, `max_keys: "1e6" has an exponent (write the digits out)`},
+		{"p", `{"max_keys":1e6}`, `max_keys: 1e6 has an exponent (write the digits out)`},
+		{"p", `{"max_keys":"x"}`, `max_keys: "x" is not a decimal number`},
+		{"p", `{"max_keys":""}`, `max_keys: "" is empty`},
+		{"p", `{"max_keys":"010"}`, `max_keys: "010" is not a decimal number`},
+		{"p", `{"max_keys":true}`, `max_keys: must be a whole number`},
+		{"p", `{"max_keys":9223372036854775808}`, `max_keys: 9223372036854775808 is too large (at most 9223372036854775807)`},
+		{"p", `{"max_keys":1,"max_keys":2}`, `max_keys: duplicate field`},
+		// lease
+		{"p", `{"lease":{},` + one(`{"algorithm":"gcra","rate":"1/s","burst":1}`)[1:], `lease: is only for "mode":"leased"`},
+		{"p", `{"mode":"strict","lease":{"size":1},` + one(`{"algorithm":"gcra","rate":"1/s","burst":1}`)[1:], `lease: is only for "mode":"leased"`},
+		{"p", `{"mode":"leased","lease":[]}`, `lease: must be an object with size, ttl and max_outstanding`},
+		{"p", `{"mode":"leased","lease":{"sise":1}}`, `lease.sise: unknown field`},
+		{"p", `{"mode":"leased","lease":{"size":1,"size":2}}`, `lease.size: duplicate field`},
+		{"p", `{"mode":"leased","lease":{"size":0}}`, `lease.size: 0 must be > 0`},
+		{"p", `{"mode":"leased","lease":{"size":"1.0000001"}}`, `lease.size: "1.0000001" has more than 6 fractional digits`},
+		{"p", `{"mode":"leased","lease":{"size":true}}`, `lease.size: must be a number or a decimal string`},
+		{"p", `{"mode":"leased","lease":{"ttl":2}}`, `lease.ttl: must be a string`},
+		{"p", `{"mode":"leased","lease":{"ttl":"2 s"}}`, `lease.ttl: "2 s" is not a Go duration such as "2s" or "500ms"`},
+		{"p", `{"mode":"leased","lease":{"ttl":"99ms"},` + one(`{"algorithm":"gcra","rate":"1/s","burst":1}`)[1:], `lease.ttl: "99ms" is under 100ms`},
+		{"p", `{"mode":"leased","lease":{"max_outstanding":-1}}`, `lease.max_outstanding: -1 must be > 0`},
+		{"p", `{"mode":"leased","lease":{"size":5,"max_outstanding":4},` + one(`{"algorithm":"gcra","rate":"1/s","burst":40}`)[1:], `lease.size: 5 is above max_outstanding 4`},
+		{"p", `{"mode":"leased","lease":{"size":"41"},` + one(`{"algorithm":"gcra","rate":"1/s","burst":40}`)[1:], `lease.size: "41" is above max_outstanding 40`},
 		{"p", one(`{"algorithm":"token_bucket","rate":"9223372036854.775808/s","burst":1}`), `limits[0].rate: "9223372036854.775808/s": N is too large (at most 9223372036854.775807)`},
 		// decimals
 		{"p", one(`{"algorithm":"token_bucket","rate":"1/s","burst":0}`), `limits[0].burst: 0 must be > 0`},

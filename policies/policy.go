@@ -2,17 +2,23 @@ package policies
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
 )
 
-// Policy limits (CONTRACT.md §3).
+// Policy limits (CONTRACT.md §3, §8, §9).
 const (
-	MaxLimits      = 8                     // most limits in one policy
-	MaxNameLen     = 64                    // most bytes in a policy or limit name
-	MaxSlidingLog  = 10_000 * kvstate.Unit // largest sliding_log limit, micro-units
-	MinWindow      = 1_000_000             // shortest window or hold, ns (1 ms)
-	MaxDescription = maxDescriptionLn      // most bytes in a description
+	MaxLimits      = 8                                // most limits in one policy
+	MaxNameLen     = 64                               // most bytes in a policy or limit name
+	MaxSlidingLog  = 10_000 * kvstate.Unit            // largest sliding_log limit, micro-units
+	MaxQuota       = 1_000_000_000_000 * kvstate.Unit // largest quota limit, micro-units (1e12 units)
+	MinWindow      = 1_000_000                        // shortest window or hold, ns (1 ms)
+	MaxDescription = maxDescriptionLn                 // most bytes in a description
+
+	DefaultMaxKeys  int64 = 1_000_000              // distinct live limit keys of a policy without max_keys
+	MinLeaseTTL           = 100 * time.Millisecond // shortest lease ttl
+	DefaultLeaseTTL       = 2 * time.Second        // lease ttl when the lease object has none
 )
 
 // Mode is how a node enforces a policy (DESIGN.md's modes). The zero value
@@ -68,6 +74,59 @@ type Policy struct {
 	Mode        Mode
 	Shadow      bool
 	Description string
+	// MaxKeys is the most distinct live limit keys the policy keeps
+	// (CONTRACT.md §9): a new key beyond them is decided against the
+	// policy's [Policy.OverflowKey]. At least 1; Parse sets DefaultMaxKeys
+	// when the document has no max_keys.
+	MaxKeys int64
+	// Lease is the grant parameters of a leased policy (CONTRACT.md §8),
+	// with every default filled in; the zero Lease for the other modes.
+	Lease Lease
+}
+
+// Lease is the grant parameters of a leased policy (CONTRACT.md §8).
+type Lease struct {
+	// Size is the micro-units in one grant (> 0, at most MaxOutstanding).
+	// Default: a tenth of the smallest limit's capacity, at least 1 unit,
+	// at most MaxOutstanding.
+	Size int64
+	// TTL is how long a grant may be spent, at least MinLeaseTTL. Default
+	// DefaultLeaseTTL.
+	TTL time.Duration
+	// MaxOutstanding is the most micro-units, per limit key, granted and
+	// neither spent, returned nor expired at any instant (> 0): the
+	// overshoot bound of a leased key. Default: the smallest limit's
+	// capacity.
+	MaxOutstanding int64
+}
+
+// DefaultLease returns the lease parameters of a leased policy with limits
+// whose document has no lease object: ttl DefaultLeaseTTL, max_outstanding
+// the smallest limit's capacity ([kvstate.Limit.Capacity]) and size a tenth
+// of it (rounded down to a micro-unit), at least 1 unit and at most
+// max_outstanding.
+func DefaultLease(limits []NamedLimit) Lease {
+	return leaseDefaults(Lease{}, limits)
+}
+
+// leaseDefaults fills the zero fields of l with the defaults for limits.
+func leaseDefaults(l Lease, limits []NamedLimit) Lease {
+	var capacity int64
+	for i, nl := range limits {
+		if c := nl.Capacity(); i == 0 || c < capacity {
+			capacity = c
+		}
+	}
+	if l.TTL == 0 {
+		l.TTL = DefaultLeaseTTL
+	}
+	if l.MaxOutstanding == 0 {
+		l.MaxOutstanding = max(capacity, 1)
+	}
+	if l.Size == 0 {
+		l.Size = min(max(capacity/10, kvstate.Unit), l.MaxOutstanding)
+	}
+	return l
 }
 
 // ValidateName checks a policy name: [a-z0-9][a-z0-9_-]{0,63}. Errors are
@@ -106,8 +165,9 @@ func validLimitName(s string) bool {
 // Validate checks every rule Parse enforces on a Policy built in code (or
 // modified): the name, a sorted match of valid, unique dimensions with valid
 // values or "*", a sorted key of valid unique dimension names, 1..8 limits
-// with unique valid names and valid parameters, a known mode and a bounded
-// description. Errors are [*Error] and match [ErrInvalid].
+// with unique valid names and valid parameters, a known mode, a bounded
+// description, MaxKeys >= 1 and, for a leased policy, a complete Lease (the
+// zero Lease otherwise). Errors are [*Error] and match [ErrInvalid].
 func (p *Policy) Validate() error {
 	if err := ValidateName(p.Name); err != nil {
 		return err
@@ -163,23 +223,75 @@ func (p *Policy) Validate() error {
 	if len(p.Description) > MaxDescription {
 		return invalid("description", "is "+strconv.Itoa(len(p.Description))+" bytes (at most 1024)")
 	}
+	if p.MaxKeys < 1 {
+		return invalid("max_keys", strconv.FormatInt(p.MaxKeys, 10)+" "+reasonNotPos)
+	}
+	if p.Mode != ModeLeased {
+		if p.Lease != (Lease{}) {
+			return invalid("lease", reasonLeaseMode)
+		}
+		return nil
+	}
+	return validateLease(p.Lease)
+}
+
+// reasonLeaseMode rejects a lease on a policy that is not leased.
+const reasonLeaseMode = `is only for "mode":"leased"`
+
+// validateLease checks a leased policy's complete Lease.
+func validateLease(l Lease) error {
+	switch {
+	case l.Size <= 0:
+		return invalid("lease.size", formatMicro(l.Size)+" "+reasonNotPos)
+	case l.MaxOutstanding <= 0:
+		return invalid("lease.max_outstanding", formatMicro(l.MaxOutstanding)+" "+reasonNotPos)
+	case l.TTL < MinLeaseTTL:
+		return invalid("lease.ttl", strconv.Quote(l.TTL.String())+" is under 100ms")
+	case l.Size > l.MaxOutstanding:
+		return invalid("lease.size", formatMicro(l.Size)+" is above max_outstanding "+formatMicro(l.MaxOutstanding))
+	}
 	return nil
 }
 
 // validateLimit checks a limit's fixed-point parameters: the fields its
 // algorithm uses are positive (windows at least 1 ms, sliding_log limits
-// at most 10000 units) and the others are zero.
+// at most 10000 units, quota limits at most 1e12 units and a known
+// period; a rate per second, or per minute, hour or day when it is not a
+// whole number of micro-units per second, as Parse makes it) and the
+// others are zero.
 func validateLimit(path string, l kvstate.Limit) error {
 	switch l.Algorithm {
 	case kvstate.TokenBucket, kvstate.GCRA:
 		if l.Rate <= 0 {
 			return invalid(path+".rate", "must be > 0")
 		}
+		switch l.RatePer {
+		case 0:
+		case perMinute, perHour, perDay:
+			if l.Rate%(l.RatePer/perSecond) == 0 {
+				return invalid(path+".rate", "a whole number of micro-units per second is kept per second")
+			}
+		default:
+			return invalid(path+".rate", "is not per second, minute, hour or day")
+		}
 		if l.Burst <= 0 {
 			return invalid(path+".burst", "must be > 0")
 		}
-		if l.Limit != 0 || l.Window != 0 {
-			return invalid(path, "a bucket limit has no limit or window")
+		if l.Limit != 0 || l.Window != 0 || l.Period != 0 {
+			return invalid(path, "a bucket limit has no limit, window or period")
+		}
+	case kvstate.Quota:
+		if l.Limit <= 0 {
+			return invalid(path+".limit", "must be > 0")
+		}
+		if l.Limit > MaxQuota {
+			return invalid(path+".limit", formatMicro(l.Limit)+" is above 1000000000000, the most a quota allows")
+		}
+		if l.Period < kvstate.Hour || l.Period > kvstate.Month {
+			return invalid(path+".period", "is not hour, day, week or month")
+		}
+		if l.Rate != 0 || l.Burst != 0 || l.Window != 0 || l.RatePer != 0 {
+			return invalid(path, "a quota limit has no rate, burst or window")
 		}
 	case kvstate.FixedWindow, kvstate.SlidingWindow, kvstate.SlidingLog, kvstate.Concurrency:
 		if l.Limit <= 0 {
@@ -191,8 +303,8 @@ func validateLimit(path string, l kvstate.Limit) error {
 		if l.Window < MinWindow {
 			return invalid(path+".window", "must be at least 1ms")
 		}
-		if l.Rate != 0 || l.Burst != 0 {
-			return invalid(path, "a "+l.Algorithm.String()+" limit has no rate or burst")
+		if l.Rate != 0 || l.Burst != 0 || l.RatePer != 0 || l.Period != 0 {
+			return invalid(path, "a "+l.Algorithm.String()+" limit has no rate, burst or period")
 		}
 	default:
 		return invalid(path+".algorithm", "unknown algorithm "+strconv.Itoa(int(l.Algorithm)))

@@ -128,7 +128,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the key sequence")
 	fs.StringVar(&c.cost, "cost", "1", "cost of each request (decimal)")
 	fs.StringVar(&c.mode, "mode", "strict", "policy mode: strict, async or local")
-	fs.StringVar(&c.rate, "rate", "1000/s", "token_bucket rate of each key (N/s, N/m or N/h)")
+	fs.StringVar(&c.rate, "rate", "1000/s", "token_bucket rate of each key (N/s, N/m, N/h or N/d)")
 	fs.StringVar(&c.burst, "burst", "100", "token_bucket burst of each key")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the results as one JSON object on the last line")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
@@ -1001,14 +1001,19 @@ func overshoot(l kvstate.Limit, tally []keyTally) (micro int64, keys int) {
 }
 
 // allowance is burst + rate*span for a token_bucket limit (micro-units,
-// span in ns), the product rounded up, saturating at MaxInt64.
+// span in ns), the product rounded up, saturating at MaxInt64. A rate is
+// l.Rate micro-units per l.RatePer ns (0: per second).
 func allowance(l kvstate.Limit, span int64) int64 {
 	span = max(span, 0)
+	per := uint64(l.RatePer)
+	if per == 0 {
+		per = uint64(kvstate.Second)
+	}
 	hi, lo := bits.Mul64(uint64(l.Rate), uint64(span))
-	if hi >= 1e9 {
+	if hi >= per {
 		return math.MaxInt64
 	}
-	q, r := bits.Div64(hi, lo, 1e9)
+	q, r := bits.Div64(hi, lo, per)
 	if r > 0 {
 		q++
 	}

@@ -2,7 +2,6 @@ package mesh
 
 import (
 	"fmt"
-	"math/big"
 	"strconv"
 	"strings"
 	"time"
@@ -76,6 +75,9 @@ func OvershootBound(p *policies.Policy, bp BoundParams) (Bound, error) {
 			capName = "limit"
 			if p.Mode != policies.ModeStrict {
 				lb.Per = "window"
+				if l.Algorithm == kvstate.Quota {
+					lb.Per = "period"
+				}
 			}
 		}
 		capacity := l.Capacity()
@@ -88,9 +90,9 @@ func OvershootBound(p *policies.Policy, bp BoundParams) (Bound, error) {
 		case policies.ModeAsync:
 			if l.Algorithm.Bucket() {
 				span := int64(interval + wt)
-				refill := ceilRefill(l.Rate, span)
+				refill := l.Refill(span)
 				lb.Units = satAdd(capacity, refill)
-				lb.Arithmetic = fmt.Sprintf("%s + %s/s × (%s + %s) = %s", formatUnits(capacity), formatUnits(l.Rate),
+				lb.Arithmetic = fmt.Sprintf("%s + %s × (%s + %s) = %s", formatUnits(capacity), policies.FormatRate(l.Limit),
 					interval, wt, formatUnits(lb.Units))
 			} else {
 				lb.Units = capacity
@@ -102,21 +104,6 @@ func OvershootBound(p *policies.Policy, bp BoundParams) (Bound, error) {
 		b.Limits = append(b.Limits, lb)
 	}
 	return b, nil
-}
-
-// ceilRefill is rate (micro-units/s) × span (ns) in micro-units, rounded
-// up, saturated to the int64 range.
-func ceilRefill(rate, span int64) int64 {
-	if rate <= 0 || span <= 0 {
-		return 0
-	}
-	v := new(big.Int).Mul(big.NewInt(rate), big.NewInt(span))
-	v.Add(v, big.NewInt(kvstate.Second-1))
-	v.Quo(v, big.NewInt(kvstate.Second))
-	if !v.IsInt64() {
-		return 1<<63 - 1
-	}
-	return v.Int64()
 }
 
 func satMul(a, b int64) int64 {
@@ -159,7 +146,10 @@ func (b Bound) String() string {
 // "token_bucket, rate 10/s, burst 40" or "fixed_window, limit 100 per 1m0s".
 func FormatLimit(l kvstate.Limit) string {
 	if l.Algorithm.Bucket() {
-		return fmt.Sprintf("%s, rate %s/s, burst %s", l.Algorithm, formatUnits(l.Rate), formatUnits(l.Burst))
+		return fmt.Sprintf("%s, rate %s, burst %s", l.Algorithm, policies.FormatRate(l), formatUnits(l.Burst))
+	}
+	if l.Algorithm == kvstate.Quota {
+		return fmt.Sprintf("%s, limit %s per %s", l.Algorithm, formatUnits(l.Limit), l.Period)
 	}
 	return fmt.Sprintf("%s, limit %s per %s", l.Algorithm, formatUnits(l.Limit), time.Duration(l.Window))
 }

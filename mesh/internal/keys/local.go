@@ -2,8 +2,7 @@ package keys
 
 import (
 	"fmt"
-	"math/big"
-	"sync"
+		"sync"
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
@@ -119,42 +118,14 @@ func atRest(env Env, rec *keyrec.Record, idle int64) bool {
 	return idle >= restSpan(p)
 }
 
-// restSpan is how long (ns) an idle key of p takes to come to rest: for a
-// bucket the time to refill from empty, for a window algorithm two
-// windows (the current one and the one a sliding window weighs), for a
-// concurrency limit the hold expiry.
+// restSpan is how long (ns) an idle key of p takes to come to rest: the
+// longest kvstate.RestSpan of its limits (a bucket's time to refill from
+// empty, a window or hold expiry, two windows for a sliding window, a
+// quota's longest period).
 func restSpan(p *policies.Policy) int64 {
 	var span int64
 	for _, l := range p.Limits {
-		var s int64
-		if l.Algorithm.Bucket() {
-			s = ceilDiv(l.Burst, l.Rate, kvstate.Second)
-		} else {
-			s = satAdd(l.Window, l.Window)
-		}
-		span = max(span, s)
+		span = max(span, kvstate.RestSpan(l.Limit))
 	}
 	return span
-}
-
-// ceilDiv is ceil(a × scale / b) for a, scale >= 0 and b > 0, saturated
-// to the int64 range.
-func ceilDiv(a, b, scale int64) int64 {
-	if b <= 0 {
-		return 1<<63 - 1
-	}
-	v := new(big.Int).Mul(big.NewInt(a), big.NewInt(scale))
-	v.Add(v, big.NewInt(b-1))
-	v.Quo(v, big.NewInt(b))
-	if !v.IsInt64() {
-		return 1<<63 - 1
-	}
-	return v.Int64()
-}
-
-func satAdd(a, b int64) int64 {
-	if a > (1<<63-1)-b {
-		return 1<<63 - 1
-	}
-	return a + b
 }

@@ -80,12 +80,12 @@ func TestRestSpan(t *testing.T) {
 		t.Fatalf("restSpan(burst 1, 3/s) = %d ns, want 333333334 (rounded up)", got)
 	}
 	w := mustParse(t, `{"match":{},"limits":[{"algorithm":"token_bucket","rate":"1/h","burst":2},{"algorithm":"sliding_window","limit":5,"window":"1m"}]}`)
-	// 1/h is 277 micro-units/s in fixed point (rounded down), so 2 units
-	// take a little over 2 h.
-	if got := restSpan(w); got < 2*3600*kvstate.Second || got > 2*3600*kvstate.Second+30*kvstate.Second {
-		t.Fatalf("restSpan = %d, want just over 2 h", got)
+	// 1/h is exact (one unit per hour), so 2 units take 2 h.
+	if got := restSpan(w); got != 2*3600*kvstate.Second {
+		t.Fatalf("restSpan = %d, want 2 h", got)
 	}
-	if got := ceilDiv(1<<62, 1, 1<<62); got != 1<<63-1 {
-		t.Fatalf("ceilDiv does not saturate: %d", got)
+	q := mustParse(t, `{"match":{},"limits":[{"algorithm":"quota","limit":5,"period":"day"}]}`)
+	if got := restSpan(q); got < 24*3600*kvstate.Second {
+		t.Fatalf("restSpan of a daily quota = %d, want at least a day", got)
 	}
 }

@@ -2,7 +2,7 @@ package keys
 
 import (
 	"fmt"
-		"sync"
+	"sync"
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"

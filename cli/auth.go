@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -88,7 +89,7 @@ func authInit(_ context.Context, args []string, s stdio) error {
 		return err
 	}
 	fmt.Fprintf(s.out, "wrote a secured deployment to %s (prefix %s); keep the directory private: keys/ and the .creds files are secrets\n", d.Dir, d.Prefix)
-	fmt.Fprintf(s.out, "operator          %s  %s\n", d.Operator.Subject, d.Dir+"/"+auth.OperatorJWTFile)
+	fmt.Fprintf(s.out, "operator          %s  %s\n", d.Operator.Subject, filepath.Join(d.Dir, auth.OperatorJWTFile))
 	fmt.Fprintf(s.out, "account SYS       %s  %s (pushes account updates)\n", d.SystemAccount, d.SystemCreds())
 	fmt.Fprintf(s.out, "account LIMITER   %s  %s (limitmesh serve), %s (nats, limitmesh commands)\n", d.LimiterAccount, d.NodeCreds(), d.AdminCreds())
 	for _, t := range d.TenantNames() {

@@ -233,3 +233,6 @@ func (b *Binder) remember(acc string, e binding) {
 	m[acc] = e
 	b.known.Store(&m)
 }
+
+// LimiterAccount is the public key of the account whose requests b trusts.
+func (b *Binder) LimiterAccount() string { return b.limiter }

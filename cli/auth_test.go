@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 
 	"github.com/limitmesh/limitmesh/auth"
+	"github.com/limitmesh/limitmesh/mesh"
 )
 
 // secrets returns every secret a deployment directory holds: the seeds of
@@ -172,8 +173,32 @@ func TestServeSecuredEndToEnd(t *testing.T) {
 		t.Fatalf("auth push: exit %d %q %q", code, out, errs)
 	}
 
+	// A second node joins with --nats-url and only its creds: it learns its
+	// account and binds tenants too.
+	http2 := freeAddr(t)
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	var joinErr syncBuffer
+	exit2 := make(chan int, 1)
+	go func() {
+		exit2 <- Main(ctx2, []string{"serve", "--nats-url", "nats://" + natsAddr, "--creds", filepath.Join(dir, "node.creds"), "--http", http2},
+			nil, strings.NewReader(""), &bytes.Buffer{}, &joinErr)
+	}()
+	waitFor(t, "the joining node's /readyz", func() bool {
+		resp, err := http.Get("http://" + http2 + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	cancel2()
+	if code := <-exit2; code != 0 || !strings.Contains(joinErr.String(), "secured") {
+		t.Fatalf("joining serve exit %d: %s", code, joinErr.String())
+	}
+
 	cancel()
-	if code := <-exit; code != 0 {
+	if code := <-exit; code != 0 || !strings.Contains(serveErr.String(), "secured") {
 		t.Fatalf("serve exit %d: %s", code, serveErr.String())
 	}
 }
@@ -200,5 +225,15 @@ func TestServeAuthFlags(t *testing.T) {
 	}
 	if code, _, errs := run(t, nil, "serve", "--auth", t.TempDir(), "--http", "127.0.0.1:0"); code != 1 || !strings.Contains(errs, "auth init") {
 		t.Errorf("serve --auth with an empty directory: exit %d %q", code, errs)
+	}
+	// Creds for a deployment that cannot tell the node its callers: refused.
+	emb, err := mesh.StartEmbedded(mesh.EmbeddedConfig{Listen: "127.0.0.1:-1", DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer emb.Shutdown()
+	code, _, errs := run(t, nil, "serve", "--nats-url", emb.ClientURL(), "--creds", filepath.Join(dir, "node.creds"), "--http", "127.0.0.1:0")
+	if code != 1 || !strings.Contains(errs, "cannot bind tenants") {
+		t.Errorf("serve --creds against an unsecured server: exit %d %q", code, errs)
 	}
 }

@@ -139,6 +139,27 @@ func (c *serveConfig) loadAuth() (*auth.Deployment, error) {
 	return d, nil
 }
 
+// tenantBinder returns the tenant binding of a secured node (nil for an
+// unsecured one): from the deployment directory of --auth, or, for a node
+// that joins with only --creds, learnt from the servers (its own account
+// and the key that signed it). A deployment without the account lookup is
+// refused: a secured node must not decide without knowing its callers.
+func (c *serveConfig) tenantBinder(ctx context.Context, nc *nats.Conn, secured *auth.Deployment) (*auth.Binder, error) {
+	switch {
+	case secured != nil:
+		return secured.Binder(nc, c.decisionTimeout)
+	case c.creds == "":
+		return nil, nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	b, err := auth.DiscoverBinder(lctx, nc, c.creds, c.decisionTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("--creds: cannot bind tenants to their accounts (a deployment of `limitmesh auth init` gives the node the account lookup it needs): %v", err)
+	}
+	return b, nil
+}
+
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(s)); err != nil {
@@ -209,6 +230,13 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		}
 	}
 	defer nc.Close()
+	binder, err := c.tenantBinder(ctx, nc, secured)
+	if err != nil {
+		return err
+	}
+	if binder != nil {
+		log.Info("secured: each request's tenant is its calling account's", "limiter_account", binder.LimiterAccount())
+	}
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	if emb != nil && c.clusterListen != "" {

@@ -443,6 +443,66 @@ func TestSecuredAddTenantLive(t *testing.T) {
 	}
 }
 
+// TestSecuredClusterAddTenant: two servers in one cluster, both configured
+// from the deployment: a tenant pushed to one connects to the other and
+// reaches a responder on the first.
+func TestSecuredClusterAddTenant(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	d, err := auth.Init(t.TempDir(), auth.InitOptions{Tenants: []string{"acme"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := freePorts(t, 2)
+	routes := []string{fmt.Sprintf("nats://127.0.0.1:%d", ports[0]), fmt.Sprintf("nats://127.0.0.1:%d", ports[1])}
+	var servers []*secured
+	for i := range 2 {
+		e, err := mesh.StartEmbedded(mesh.EmbeddedConfig{
+			Listen: "127.0.0.1:-1", DataDir: t.TempDir(), ServerName: fmt.Sprintf("s%d", i), Configure: d.Configure,
+			ClusterName: "lm", ClusterListen: fmt.Sprintf("127.0.0.1:%d", ports[i]), Routes: routes,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Shutdown)
+		servers = append(servers, &secured{d: d, emb: e})
+	}
+	waitFor(t, "the route", func() bool {
+		return servers[0].emb.Server().NumRoutes() > 0 && servers[1].emb.Server().NumRoutes() > 0
+	})
+	b := binder(t, servers[0], servers[0].responder(t))
+	// The responder's interest reaches the second server.
+	acme := servers[1].dial(t, d.TenantCreds("acme"), nil)
+	waitFor(t, "the responder's interest on s1", func() bool {
+		_, err := acme.Request("rl.v1.decide", nil, 100*time.Millisecond)
+		return err == nil
+	})
+
+	d2, accountJWT, err := auth.AddTenant(d.Dir, "cypress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	if err := auth.PushAccount(ctx, servers[0].dial(t, d2.SystemCreds(), nil), accountJWT); err != nil {
+		t.Fatal(err)
+	}
+	var cypress *nats.Conn
+	waitFor(t, "cypress accepted by s1", func() bool {
+		nc, err := nats.Connect(servers[1].emb.ClientURL(), nats.UserCredentials(d2.TenantCreds("cypress")))
+		if err != nil {
+			return false
+		}
+		t.Cleanup(nc.Close)
+		cypress = nc
+		return true
+	})
+	if bound, err := b.Bind(infos(t, cypress, nil), ""); bound != "cypress" || err != nil {
+		t.Fatalf("cypress through s1: Bind = %q, %v", bound, err)
+	}
+}
+
 // TestSecuredLookupFromLimiter: the node's connection reads any account's
 // JWT from the resolver (the import of the lookup from SYS).
 func TestSecuredLookupFromLimiter(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/limitmesh/limitmesh/auth"
 	"github.com/limitmesh/limitmesh/mesh"
+	"github.com/limitmesh/limitmesh/mesh/client"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -361,6 +362,18 @@ func TestSecuredAdminPolicies(t *testing.T) {
 	for i, want := range []bool{true, true, false} {
 		if r := decide(t, acme, "rl.v1.decide", req(map[string]string{"tenant": "acme"}, "")); r.Allowed != want || r.Code != "" {
 			t.Fatalf("decision %d of acme: %+v, want allowed=%v", i, r, want)
+		}
+	}
+	// The Go SDK works for a tenant when it sends every request to the
+	// decide subject: a tenant may not publish to the shard subjects its
+	// partition hints would use.
+	c, err := client.New(acme, client.PartitionHints(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if r, err := c.Decide(ctx, map[string]string{"tenant": "acme"}, 1, client.DryRun()); err != nil || r.Policy != "acme" {
+			t.Fatalf("SDK decision %d: %+v, %v", i, r, err)
 		}
 	}
 }

@@ -87,14 +87,11 @@ func (d *infoScanner) fail(what string) error {
 }
 
 func (d *infoScanner) space() {
-	for d.i < len(d.s) {
-		switch d.s[d.i] {
-		case ' ', '\t', '\n', '\r':
-			d.i++
-		default:
-			return
-		}
+	s, i := d.s, d.i
+	for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
+		i++
 	}
+	d.i = i
 }
 
 func (d *infoScanner) byte(c byte) bool {
@@ -121,20 +118,19 @@ func (d *infoScanner) plainString() (string, bool) {
 	if !d.byte('"') {
 		return "", false
 	}
-	start := d.i
-	for d.i < len(d.s) && d.i-start <= 128 {
-		c := d.s[d.i]
-		if c == '"' {
-			v := d.s[start:d.i]
-			d.i++
-			return v, len(v) > 0
-		}
-		if c < 0x20 || c > 0x7e || c == '\\' {
+	rest := d.s[d.i:]
+	end := strings.IndexByte(rest, '"')
+	if end < 1 || end > 128 {
+		return "", false
+	}
+	v := rest[:end]
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c > 0x7e || c == '\\' {
 			return "", false
 		}
-		d.i++
 	}
-	return "", false
+	d.i += end + 1
+	return v, true
 }
 
 // string reads one JSON string (the opening quote at i).
@@ -142,37 +138,22 @@ func (d *infoScanner) string() bool {
 	if !d.byte('"') {
 		return false
 	}
-	for d.i < len(d.s) {
-		c := d.s[d.i]
-		switch {
+	s, i := d.s, d.i
+	for i < len(s) {
+		switch c := s[i]; {
 		case c == '"':
-			d.i++
+			d.i = i + 1
 			return true
 		case c < 0x20:
 			return false
-		case c == '\\':
-			d.i++
-			if d.i >= len(d.s) {
-				return false
-			}
-			switch d.s[d.i] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				d.i++
-			case 'u':
-				if d.i+5 > len(d.s) {
-					return false
-				}
-				for _, h := range []byte(d.s[d.i+1 : d.i+5]) {
-					if !isHex(h) {
-						return false
-					}
-				}
-				d.i += 5
-			default:
-				return false
-			}
+		case c != '\\':
+			i++
+		case i+1 < len(s) && strings.IndexByte(`"\/bfnrt`, s[i+1]) >= 0:
+			i += 2
+		case i+5 < len(s) && s[i+1] == 'u' && isHex(s[i+2]) && isHex(s[i+3]) && isHex(s[i+4]) && isHex(s[i+5]):
+			i += 6
 		default:
-			d.i++
+			return false
 		}
 	}
 	return false
@@ -288,9 +269,11 @@ func (d *infoScanner) number() bool {
 
 // digits reads [0-9]* and reports whether there was at least one.
 func (d *infoScanner) digits() bool {
-	start := d.i
-	for d.i < len(d.s) && d.s[d.i] >= '0' && d.s[d.i] <= '9' {
-		d.i++
+	s, i := d.s, d.i
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
 	}
-	return d.i > start
+	ok := i > d.i
+	d.i = i
+	return ok
 }

@@ -20,6 +20,7 @@ func TestRequestInfoAccount(t *testing.T) {
 		{`{"start":"2025-01-01T00:00:00Z","host":"127.0.0.1","id":10,"acc":"B","tags":["a","b"],"alts":[],"x":{"y":[1,-0.5,true,false,null]}}`, "B"},
 		{`{"ACC":"C"}`, "C"},
 		{`{"name":"\u00e9\n\"q\"","acc":"D"}`, "D"},
+		{`{"x":"\\","y":"\/\b\f\r\t\uABcd","acc":"E"}`, "E"},
 	}
 	for _, c := range ok {
 		got, err := RequestInfoAccount(c.in)
@@ -35,6 +36,7 @@ func TestRequestInfoAccount(t *testing.T) {
 		`{"\u0061cc":"A"}`, `{"acc":"A",}`, `{"acc":"A"} x`, `{"acc":"A"`, `{"acc" "A"}`,
 		`{"x":01,"acc":"A"}`, `{"x":1.,"acc":"A"}`, `{"x":"a` + "\x01" + `","acc":"A"}`, `{"x":tru,"acc":"A"}`,
 		`{"x":"\x","acc":"A"}`, `{"x":"\u12","acc":"A"}`,
+		`{"x":"\u12G4","acc":"A"}`, `{"x":"\`, `{"x":"\u123`, `{"x":"\"}`,
 		`{"x":` + strings.Repeat("[", maxInfoDepth) + strings.Repeat("]", maxInfoDepth) + `,"acc":"A"}`,
 	}
 	for _, in := range bad {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -703,4 +704,18 @@ func drive(b *testing.B, nc *nats.Conn, body func(int64) []byte, inflight int, d
 	}
 	wg.Wait()
 	return n.Load()
+}
+
+// TestAuthImportsNothingOfTheProject: auth sits below mesh (mesh calls its
+// Binder) and must not import mesh or any other limitmesh package.
+func TestAuthImportsNothingOfTheProject(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/limitmesh/limitmesh/auth").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if strings.HasPrefix(p, "github.com/limitmesh/limitmesh/") && p != "github.com/limitmesh/limitmesh/auth" {
+			t.Errorf("auth imports %s", p)
+		}
+	}
 }

@@ -282,13 +282,7 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 		}
 	}()
 	if c.external {
-		connect = func(name string) (*nats.Conn, error) {
-			nc, err := nats.Connect(c.cf.natsURL, nats.Name(name), nats.Timeout(c.cf.timeout))
-			if err != nil {
-				return nil, fmt.Errorf("cannot connect to NATS at %s: %v", redactURL(c.cf.natsURL), err)
-			}
-			return nc, nil
-		}
+		connect = func(name string) (*nats.Conn, error) { return c.cf.dial(name) }
 		logf(progress, "bench: the limitmesh deployment at %s", redactURL(c.cf.natsURL))
 	} else {
 		// The embedded node must accept the mode, or no decision will ever

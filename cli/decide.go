@@ -15,6 +15,7 @@ import (
 // clientFlags are the flags every command that talks to a running node takes.
 type clientFlags struct {
 	natsURL string
+	creds   string
 	prefix  string
 	timeout time.Duration
 }
@@ -24,6 +25,7 @@ func (c *clientFlags) register(fs interface {
 	DurationVar(*time.Duration, string, time.Duration, string)
 }) {
 	fs.StringVar(&c.natsURL, "nats-url", nats.DefaultURL, "NATS URL of the limitmesh deployment")
+	fs.StringVar(&c.creds, "creds", "", credsUsage)
 	fs.StringVar(&c.prefix, "prefix", "rl", "subject prefix of the limitmesh installation")
 	fs.DurationVar(&c.timeout, "timeout", 2*time.Second, "how long to wait for NATS")
 }
@@ -32,11 +34,7 @@ func (c *clientFlags) connect() (*nats.Conn, error) {
 	if !prefixRE.MatchString(c.prefix) {
 		return nil, fmt.Errorf("--prefix %q: must match %s", c.prefix, prefixRE)
 	}
-	nc, err := nats.Connect(c.natsURL, nats.Name("limitmesh-cli"), nats.Timeout(c.timeout))
-	if err != nil {
-		return nil, fmt.Errorf("cannot connect to NATS at %s: %v", redactURL(c.natsURL), err)
-	}
-	return nc, nil
+	return c.dial("limitmesh-cli")
 }
 
 // decideRequest is the wire request of CONTRACT.md §2.

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -13,12 +14,16 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/limitmesh/limitmesh/auth"
 	"github.com/limitmesh/limitmesh/mesh"
 )
 
 // serveConfig is everything `limitmesh serve` takes from flags.
 type serveConfig struct {
 	natsURL         string
+	creds           string
+	authDir         string
+	prefixSet       bool
 	natsListen      string
 	dataDir         string
 	httpAddr        string
@@ -49,6 +54,8 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 	c := &serveConfig{}
 	fs := newFlags("serve", s)
 	fs.StringVar(&c.natsURL, "nats-url", "", "join an existing NATS deployment at this URL instead of starting an embedded server")
+	fs.StringVar(&c.authDir, "auth", "", "secured deployment directory of `limitmesh auth init`: the embedded server runs in operator mode with its accounts, and the node connects with DIR/node.creds")
+	fs.StringVar(&c.creds, "creds", "", "NATS user credentials of the node's connection (default with --auth: DIR/node.creds)")
 	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "client address of the embedded NATS server")
 	fs.StringVar(&c.dataDir, "data", "./limitmesh-data", "storage directory of the embedded NATS server (JetStream)")
 	fs.StringVar(&c.httpAddr, "http", "127.0.0.1:9090", "address of /metrics, /healthz and /readyz")
@@ -72,6 +79,7 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 		if err := parseFlags(fs, args, s); err != nil {
 			return err
 		}
+		fs.Visit(func(f *flag.Flag) { c.prefixSet = c.prefixSet || f.Name == "prefix" })
 		if err := c.validate(); err != nil {
 			return &exitError{code: 2, err: err} // a bad flag value, like a parse error
 		}
@@ -112,6 +120,46 @@ func (c *serveConfig) validate() error {
 	return nil
 }
 
+// loadAuth reads the --auth deployment directory and fits the flags to it:
+// --prefix defaults to the deployment's and must equal it, and the node's
+// credentials default to DIR/node.creds.
+func (c *serveConfig) loadAuth() (*auth.Deployment, error) {
+	d, err := auth.Load(c.authDir)
+	if err != nil {
+		return nil, fmt.Errorf("--auth: %v", err)
+	}
+	if !c.prefixSet {
+		c.prefix = d.Prefix
+	} else if c.prefix != d.Prefix {
+		return nil, fmt.Errorf("--prefix %q: the deployment in %s serves prefix %q", c.prefix, c.authDir, d.Prefix)
+	}
+	if c.creds == "" {
+		c.creds = d.NodeCreds()
+	}
+	return d, nil
+}
+
+// tenantBinder returns the tenant binding of a secured node (nil for an
+// unsecured one): from the deployment directory of --auth, or, for a node
+// that joins with only --creds, learnt from the servers (its own account
+// and the key that signed it). A deployment without the account lookup is
+// refused: a secured node must not decide without knowing its callers.
+func (c *serveConfig) tenantBinder(ctx context.Context, nc *nats.Conn, secured *auth.Deployment) (*auth.Binder, error) {
+	switch {
+	case secured != nil:
+		return secured.Binder(nc, c.decisionTimeout)
+	case c.creds == "":
+		return nil, nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	b, err := auth.DiscoverBinder(lctx, nc, c.creds, c.decisionTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("--creds: cannot bind tenants to their accounts (a deployment of `limitmesh auth init` gives the node the account lookup it needs): %v", err)
+	}
+	return b, nil
+}
+
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(s)); err != nil {
@@ -127,6 +175,14 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 	}
 	level, _ := parseLevel(c.logLevel)
 	log := slog.New(slog.NewTextHandler(s.err, &slog.HandlerOptions{Level: level}))
+	var secured *auth.Deployment
+	if c.authDir != "" {
+		d, err := c.loadAuth()
+		if err != nil {
+			return err
+		}
+		secured = d
+	}
 
 	// Bind the HTTP address first: a taken port is a clear error before
 	// anything else starts.
@@ -141,7 +197,7 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		emb *mesh.Embedded
 	)
 	if c.natsURL == "" {
-		emb, err = mesh.StartEmbedded(mesh.EmbeddedConfig{
+		ec := mesh.EmbeddedConfig{
 			Listen:        c.natsListen,
 			DataDir:       c.dataDir,
 			ServerName:    c.serverName,
@@ -149,27 +205,38 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 			ClusterListen: c.clusterListen,
 			Routes:        c.routes,
 			Logger:        log,
-		})
+		}
+		if secured != nil {
+			ec.Configure = secured.Configure
+		}
+		emb, err = mesh.StartEmbedded(ec)
 		if err != nil {
 			return fmt.Errorf("embedded NATS: %v", err)
 		}
 		defer emb.Shutdown()
-		nc, err = emb.Connect(nats.Name("limitmesh-node"))
+		opts := []nats.Option{nats.Name("limitmesh-node")}
+		if c.creds != "" {
+			opts = append(opts, nats.UserCredentials(c.creds))
+		}
+		nc, err = emb.Connect(opts...)
 		if err != nil {
 			return fmt.Errorf("connect to the embedded NATS server: %v", err)
 		}
-		log.Info("embedded NATS server started", "listen", c.natsListen, "data", c.dataDir)
+		log.Info("embedded NATS server started", "listen", c.natsListen, "data", c.dataDir, "secured", secured != nil)
 	} else {
-		nc, err = nats.Connect(c.natsURL,
-			nats.Name("limitmesh-node"),
-			nats.Timeout(5*time.Second),
-			nats.MaxReconnects(-1),
-		)
+		nc, err = connectNATS(c.natsURL, "limitmesh-node", c.creds, 5*time.Second, nats.MaxReconnects(-1))
 		if err != nil {
-			return fmt.Errorf("cannot connect to NATS at %s: %v", redactURL(c.natsURL), err)
+			return err
 		}
 	}
 	defer nc.Close()
+	binder, err := c.tenantBinder(ctx, nc, secured)
+	if err != nil {
+		return err
+	}
+	if binder != nil {
+		log.Info("secured: each request's tenant is its calling account's", "limiter_account", binder.LimiterAccount())
+	}
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	if emb != nil && c.clusterListen != "" {

@@ -33,6 +33,11 @@ type EmbeddedConfig struct {
 	// ReadyTimeout bounds the wait for the server to accept connections
 	// (default 30 s: a cluster member on a loaded machine can take a while).
 	ReadyTimeout time.Duration
+	// Configure, when set, adjusts the server's options last, before the
+	// server is created: a secured deployment sets operator mode and its
+	// account resolver here (auth.Deployment.Configure). An error stops
+	// the start.
+	Configure func(*server.Options) error
 }
 
 // Embedded is a running embedded nats-server. It is safe for concurrent use.
@@ -75,6 +80,11 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		opts.Cluster = server.ClusterOpts{Name: name, Host: host, Port: port}
 		for _, r := range cfg.Routes {
 			opts.Routes = append(opts.Routes, server.RoutesFromStr(r)...)
+		}
+	}
+	if cfg.Configure != nil {
+		if err := cfg.Configure(opts); err != nil {
+			return nil, fmt.Errorf("mesh: embedded server: %w", err)
 		}
 	}
 	srv, err := server.NewServer(opts)

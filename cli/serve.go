@@ -255,6 +255,7 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		CheckpointInterval: c.checkpoint,
 		AsyncInterval:      c.asyncInterval,
 		NoJournal:          !c.journal,
+		Binder:             binder,
 	}, log)
 	cancel()
 	if err != nil {

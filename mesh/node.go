@@ -32,6 +32,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/limitmesh/limitmesh/auth"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/journal"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
@@ -121,6 +122,10 @@ type NodeConfig struct {
 	// NoJournal writes every state record to the state bucket (one
 	// compare-and-swap per key and batch) instead of journalling them.
 	NoJournal bool
+	// Binder binds each request's tenant to its calling NATS account in a
+	// secured deployment (CONTRACT §9); nil: unsecured, the
+	// Nats-Request-Info header is ignored.
+	Binder *auth.Binder
 	// NodeID names the node in the shards bucket ([A-Za-z0-9_-], 1..64
 	// bytes); default: random. It must be unique among running nodes; a
 	// node restarted with the same id takes its old entries over at once.
@@ -439,6 +444,7 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		Route:           n.route,
 		Runtime:         n.rt,
 		DecisionTimeout: n.cfg.DecisionTimeout,
+		Binder:          n.cfg.Binder,
 		Log:             n.log,
 		Metrics:         sm,
 	})

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/limitmesh/limitmesh/auth"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -66,6 +67,11 @@ func (s *Service) forward(rq *routed) {
 		m.Data = r.Data()
 		m.Header.Set(HopHeader, "1")
 		m.Header.Set(TimeoutHeader, strconv.FormatInt(int64(left), 10))
+		if info := r.Headers()[auth.RequestInfoHeader]; len(info) > 0 {
+			// The owner binds the tenant again: only nodes (the limiter
+			// account) publish on shard subjects, so it trusts the header.
+			m.Header[auth.RequestInfoHeader] = info
+		}
 		ctx, cancel := context.WithDeadline(context.Background(), rq.deadline)
 		resp, err := s.cfg.Conn.RequestMsgWithContext(ctx, m)
 		cancel()

@@ -38,6 +38,9 @@ type memoEntry struct {
 	key  string
 	part int                        // -1: no router
 	ent  atomic.Pointer[keys.Entry] // the key's entry here, once submitted (keys.Table.Submit)
+	// tenant is the descriptor's own tenant ("" when it has none): the
+	// entry serves a tenant caller only when it is the caller's.
+	tenant string
 }
 
 // reqMemo maps decide bodies to their entries. Its methods are safe for
@@ -66,12 +69,12 @@ func (m *reqMemo) get(body []byte, snap *policies.Snapshot) *memoEntry {
 // put remembers what body yields under snap (req matched p, whose key is
 // key in partition part) and returns the new entry, or nil when body does
 // not qualify.
-func (m *reqMemo) put(body []byte, snap *policies.Snapshot, req request, p *policies.Policy, key string, part int) *memoEntry {
+func (m *reqMemo) put(body []byte, snap *policies.Snapshot, req request, p *policies.Policy, key string, part int, tenant string) *memoEntry {
 	if len(body) > memoMaxBody || req.id != "" || p == nil {
 		return nil
 	}
 	req.desc = nil
-	e := &memoEntry{req: req, p: p, key: key, part: part}
+	e := &memoEntry{req: req, p: p, key: key, part: part, tenant: tenant}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.snap != snap || m.m == nil {

@@ -22,28 +22,28 @@ func TestMemoRules(t *testing.T) {
 	if m.get(body, s1) != nil {
 		t.Fatal("empty memo: a hit")
 	}
-	m.put(body, s1, request{}, p, "k", 3)
+	m.put(body, s1, request{}, p, "k", 3, "")
 	if e := m.get(body, s1); e == nil || e.key != "k" || e.part != 3 {
 		t.Fatalf("get after put: %+v", e)
 	}
 	if m.get(body, s2) != nil {
 		t.Fatal("an entry of another snapshot was used")
 	}
-	m.put([]byte(`{"descriptor":{"tenant":"b"}}`), s2, request{}, p, "k2", 0)
+	m.put([]byte(`{"descriptor":{"tenant":"b"}}`), s2, request{}, p, "k2", 0, "")
 	if m.get(body, s1) != nil || len(m.m) != 1 {
 		t.Fatalf("a put under a new snapshot kept the old entries (%d)", len(m.m))
 	}
 
-	m.put([]byte(`{"descriptor":{"tenant":"c"},"request_id":"x"}`), s2, request{id: "x"}, p, "k3", 0)
-	m.put([]byte(`{"descriptor":{"tenant":"d"}}`), s2, request{}, nil, "k4", 0) // no policy
+	m.put([]byte(`{"descriptor":{"tenant":"c"},"request_id":"x"}`), s2, request{id: "x"}, p, "k3", 0, "")
+	m.put([]byte(`{"descriptor":{"tenant":"d"}}`), s2, request{}, nil, "k4", 0, "") // no policy
 	long := []byte(`{"descriptor":{"tenant":"` + strings.Repeat("e", memoMaxBody) + `"}}`)
-	m.put(long, s2, request{}, p, "k5", 0)
+	m.put(long, s2, request{}, p, "k5", 0, "")
 	if len(m.m) != 1 || m.get(long, s2) != nil {
 		t.Fatalf("%d entries: a request_id, unmatched or long body was remembered", len(m.m))
 	}
 
 	for i := range memoMaxEntries + 100 {
-		m.put([]byte(`{"descriptor":{"tenant":"`+strconv.Itoa(i)+`"}}`), s2, request{}, p, "k", 0)
+		m.put([]byte(`{"descriptor":{"tenant":"`+strconv.Itoa(i)+`"}}`), s2, request{}, p, "k", 0, "")
 	}
 	if len(m.m) != memoMaxEntries {
 		t.Fatalf("%d entries, bound %d", len(m.m), memoMaxEntries)

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/limitmesh/limitmesh/auth"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
@@ -42,8 +43,11 @@ type Config struct {
 	Route           *route.Table
 	Runtime         rt.Runtime
 	DecisionTimeout time.Duration
-	Log             *slog.Logger
-	Metrics         *Metrics
+	// Binder binds a request's tenant to its calling account (CONTRACT
+	// §9); nil: unsecured, the Nats-Request-Info header is ignored.
+	Binder  *auth.Binder
+	Log     *slog.Logger
+	Metrics *Metrics
 }
 
 // Service answers decide requests. Its methods are safe for concurrent use.
@@ -86,6 +90,7 @@ type routed struct {
 	start    time.Time // when this node received it
 	deadline time.Time // decision deadline on this node
 	hopped   bool      // it was forwarded to this node (never forward again)
+	noHint   bool      // the reply carries no partition hint (a tenant caller may not use shard subjects)
 
 	c    keys.Call   // the call being decided (submit)
 	slot *route.Slot // counts c in flight in its partition; nil: not counted
@@ -111,6 +116,16 @@ func (s *Service) Handle(r micro.Request) {
 			}
 		}
 	}()
+	// In a secured deployment the tenant is the calling account's.
+	var caller string
+	if s.cfg.Binder != nil {
+		c, err := s.cfg.Binder.Caller(r.Headers()[auth.RequestInfoHeader])
+		if err != nil {
+			s.replyError(r, "", start, err)
+			return
+		}
+		caller = c
+	}
 	snap := s.cfg.Policies.Snapshot()
 	var (
 		req  request
@@ -119,13 +134,20 @@ func (s *Service) Handle(r micro.Request) {
 		part = -1
 		hint *atomic.Pointer[keys.Entry]
 	)
-	if m := s.memo.get(r.Data(), snap); m != nil {
+	if m := s.memo.get(r.Data(), snap); m != nil && (caller == "" || m.tenant == caller) {
 		req, p, key, part, hint = m.req, m.p, m.key, m.part, &m.ent
 	} else {
 		var err error
 		if req, err = decodeRequest(r.Data()); err != nil {
 			s.replyError(r, "", start, err)
 			return
+		}
+		own, _ := req.desc.Get("tenant")
+		if caller != "" {
+			if req.desc, err = bindTenant(req.desc, caller, own); err != nil {
+				s.replyError(r, "", start, err)
+				return
+			}
 		}
 		if p = snap.Match(req.desc); p == nil {
 			if !req.dryRun {
@@ -144,8 +166,12 @@ func (s *Service) Handle(r micro.Request) {
 		if s.cfg.Route != nil {
 			part = ownership.PartitionOf(key, s.cfg.Route.Parts())
 		}
-		if m := s.memo.put(r.Data(), snap, req, p, key, part); m != nil {
-			hint = &m.ent
+		// A body is remembered only as it decoded: not with a tenant the
+		// binding added (another caller may send the same body).
+		if own == caller || caller == "" {
+			if m := s.memo.put(r.Data(), snap, req, p, key, part, own); m != nil {
+				hint = &m.ent
+			}
 		}
 	}
 	rq, _ := s.routed.Get().(*routed)
@@ -153,7 +179,7 @@ func (s *Service) Handle(r micro.Request) {
 		rq = new(routed)
 	}
 	*rq = routed{s: s, r: r, req: req, p: p, key: key, part: part, hint: hint, start: start,
-		deadline: start.Add(s.cfg.DecisionTimeout)}
+		deadline: start.Add(s.cfg.DecisionTimeout), noHint: caller != ""}
 	if h := r.Headers(); h != nil {
 		rq.hopped = h.Get(HopHeader) != ""
 		if ns, err := strconv.ParseInt(h.Get(TimeoutHeader), 10, 64); err == nil && ns > 0 && time.Duration(ns) < s.cfg.DecisionTimeout {
@@ -244,8 +270,8 @@ func (s *Service) finish(c *keys.Call, rq *routed) {
 		s.m.decision(c.Out.Policy, resDenied)
 	}
 	part := rq.part
-	if rq.p.Mode == policies.ModeLocal {
-		part = -1 // any node decides a local key: no hint
+	if rq.p.Mode == policies.ModeLocal || rq.noHint {
+		part = -1 // any node decides a local key; a tenant may not use shard subjects
 	}
 	s.replyOK(r, rq.start, c.Out, part, rq.buf[:0])
 }
@@ -288,6 +314,10 @@ func (s *Service) replyError(r micro.Request, policy string, start time.Time, er
 		code, symbol, sentinel = "400", "bad_request", fail.ErrBadRequest
 	case errors.Is(err, fail.ErrForbidden):
 		code, symbol, sentinel = "403", "forbidden", fail.ErrForbidden
+	case errors.Is(err, auth.ErrForbidden):
+		code, symbol, sentinel = "403", "forbidden", auth.ErrForbidden
+	case errors.Is(err, auth.ErrLookup):
+		code, symbol, sentinel = "503", "unavailable", auth.ErrLookup
 	case errors.Is(err, fail.ErrUnavailable), errors.Is(err, fail.ErrFenced):
 		code, symbol, sentinel = "503", "unavailable", fail.ErrUnavailable
 	}
@@ -303,4 +333,22 @@ func (s *Service) replyError(r micro.Request, policy string, start time.Time, er
 	}
 	s.m.duration.Observe(s.cfg.Runtime.Now().Sub(start).Seconds())
 	s.inflight.Add(-1)
+}
+
+// bindTenant applies the binding of a tenant caller's request (own: the
+// descriptor's tenant, "" when it has none): a descriptor naming another
+// tenant is refused (auth.ErrForbidden, a 403), one without a tenant gets
+// the caller's.
+func bindTenant(d policies.Descriptor, caller, own string) (policies.Descriptor, error) {
+	t, err := auth.BindTenant(caller, own)
+	if err != nil || own != "" {
+		return d, err
+	}
+	dims := append(make([]policies.Dim, 0, len(d)+1), d...)
+	dims = append(dims, policies.Dim{Name: "tenant", Value: t})
+	nd, err := policies.NewDescriptor(dims)
+	if err != nil {
+		return d, fmt.Errorf("%w: %v", fail.ErrBadRequest, err)
+	}
+	return nd, nil
 }

@@ -457,11 +457,7 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 
 	// Ownership: watch the shards bucket, claim this node's partitions, and
 	// wait (at most two leases) until no partition waits for an owner.
-	sw, err := skv.WatchAll(bgctx)
-	if err != nil {
-		return fmt.Errorf("mesh: watching %s: %w", n.ShardBucket(), err)
-	}
-	n.bg.Go(func() { ownership.Drive(bgctx, m.Owner, sw) })
+	n.bg.Go(func() { ownership.Drive(bgctx, m.Owner, skv) })
 	settle := time.NewTimer(2*n.cfg.LeaseTime + time.Second)
 	defer settle.Stop()
 	select {

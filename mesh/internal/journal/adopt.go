@@ -2,6 +2,10 @@ package journal
 
 import (
 	"fmt"
+
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 )
@@ -16,7 +20,9 @@ import (
 // owner commits after the fence, and the new owner has read every record
 // the old owner committed. It appends the latest record of each of the
 // partition's keys (later sources win) to its own journal, so whoever takes
-// over from it finds them there, before it serves the partition.
+// over from it finds them there, before it serves the partition. Of the
+// records of a key in several sources, the one with the highest version is
+// adopted (invariant J10).
 //
 // Tenure markers (invariant J2). Before it claims a partition with sources
 // that do not include itself, a node appends to its own subject a fence
@@ -71,7 +77,7 @@ func (j *Journal) Adopt(p int, sources []string, epoch uint64, timeout time.Dura
 					return
 				}
 				for k, st := range states {
-					if j.partOf(k) == p {
+					if j.partOf(k) == p && newer(st.val, latest[k]) {
 						latest[k] = st.val
 						j.log.Debug("adopting a record", "partition", p, "key", k, "source", src, "seq", st.seq, "upto", upto)
 					}
@@ -89,7 +95,7 @@ func (j *Journal) Adopt(p int, sources []string, epoch uint64, timeout time.Dura
 			return
 		}
 		msg := appendFence(nil, fence{part: p, epoch: epoch, node: j.cfg.Self})
-		j.cfg.Stream.Publish(j.subjOf(src), msg, j.until(deadline), func(seq uint64, err error) {
+		j.cfg.Stream.Publish(j.subjOf(src), msg, j.opTimeout(deadline), func(seq uint64, err error) {
 			if err != nil {
 				err = fmt.Errorf("fencing the journal of %s: %w", src, err)
 			}
@@ -97,6 +103,18 @@ func (j *Journal) Adopt(p int, sources []string, epoch uint64, timeout time.Dura
 		})
 	}
 	next(0)
+}
+
+// newer reports whether record a is later than b (nil: none): the higher
+// version wins, whatever journal each came from (invariant J10); of equal
+// versions (the same write, adopted and journalled again) the later read.
+func newer(a, b []byte) bool {
+	if b == nil {
+		return true
+	}
+	va, _ := keyrec.PeekVersion(a)
+	vb, _ := keyrec.PeekVersion(b)
+	return va >= vb
 }
 
 // adoptWrite journals the adopted records of p in generation gen, then
@@ -130,7 +148,8 @@ func (j *Journal) adoptWrite(p int, gen uint64, sources []string, latest map[str
 		return
 	}
 	writes := make([]*write, 0, len(latest))
-	for k, val := range latest {
+	for _, k := range slices.Sorted(maps.Keys(latest)) {
+		val := latest[k]
 		writes = append(writes, &write{key: k, val: val, part: p, gen: gen, deadline: deadline,
 			done: func(_ uint64, err error) {
 				mu.Lock()
@@ -150,12 +169,13 @@ func (j *Journal) adoptWrite(p int, gen uint64, sources []string, latest map[str
 
 // Release implements ownership.Lifecycle: it checkpoints partition p's
 // journalled records before this node hands p over (its slot no longer
-// serves), then forgets them; on failure they stay as orphans. A partition
+// serves), writing nothing after holdUntil (its lease of p lapses then),
+// then forgets them; on failure they stay as orphans. A partition
 // with orphans (records of a tenure this node lost, not yet seen adopted by
 // another node) is not released: the checkpoint skips orphans, so the next
 // owner would read the state bucket's older records. Its entry is left to
 // expire, and the next claimer adopts the orphans from this node's journal.
-func (j *Journal) Release(p int, timeout time.Duration, done func(error)) {
+func (j *Journal) Release(p int, holdUntil time.Time, timeout time.Duration, done func(error)) {
 	if orphans := j.recs.releasing(p); orphans > 0 {
 		done(fmt.Errorf("%d records of the partition from before this node lost it are only in its journal", orphans))
 		return
@@ -168,7 +188,7 @@ func (j *Journal) Release(p int, timeout time.Duration, done func(error)) {
 		})
 	}
 	stop := j.rt.AfterFunc(timeout, func() { finish(fmt.Errorf("checkpoint of partition %d: no end within %v", p, timeout)) })
-	j.ck.run(p, func(err error) {
+	j.ck.run(p, func() bool { return j.now().Before(holdUntil) }, func(err error) {
 		stop()
 		finish(err)
 	})
@@ -188,6 +208,7 @@ func (j *Journal) Renewed(p int) { j.recs.renewed(p) }
 // once p has another owner that finished adopting them (or none after a
 // release).
 func (j *Journal) OwnedElsewhere(p int) {
+	j.recs.settled(p)
 	if n := j.recs.dropOrphans(p); n > 0 {
 		j.log.Debug("orphans dropped", "partition", p, "records", n)
 	}

@@ -3,6 +3,8 @@ package journal
 import (
 	"errors"
 	"fmt"
+
+	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"strconv"
 	"sync"
 	"time"
@@ -31,6 +33,9 @@ type checkpointer struct {
 
 type ckRequest struct {
 	part int // -1: every partition served
+	// held reports whether this node still holds part's lease (nil: the
+	// partition of each key is served, View.Serving).
+	held func() bool
 	done func(error)
 }
 
@@ -48,7 +53,7 @@ func (c *checkpointer) schedule() {
 		if c.j.stopped.Load() {
 			return
 		}
-		c.run(-1, func(err error) {
+		c.run(-1, nil, func(err error) {
 			if err != nil {
 				c.j.log.Warn("checkpoint incomplete", "error", err.Error())
 			}
@@ -61,16 +66,17 @@ func (c *checkpointer) schedule() {
 // run checkpoints partition part (-1: every partition this node serves)
 // and advances the mark, one checkpoint at a time (a key is written by
 // one); done gets the first failure.
-func (c *checkpointer) run(part int, done func(error)) {
+func (c *checkpointer) run(part int, held func() bool, done func(error)) {
+	req := ckRequest{part, held, done}
 	c.mu.Lock()
 	if c.busy {
-		c.waiting = append(c.waiting, ckRequest{part, done})
+		c.waiting = append(c.waiting, req)
 		c.mu.Unlock()
 		return
 	}
 	c.busy = true
 	c.mu.Unlock()
-	c.start(ckRequest{part, done})
+	c.start(req)
 }
 
 // finished ends a checkpoint and starts the next one waiting.
@@ -107,7 +113,12 @@ func (c *checkpointer) start(req ckRequest) {
 			next++
 			inflight++
 			mu.Unlock()
-			c.writeRecord(t.key, t.val, t.rev, t.known, req.part >= 0, func(rev uint64, err error) {
+			held := req.held
+			if held == nil {
+				p := j.partOf(t.key)
+				held = func() bool { return j.cfg.View.Serving(p) }
+			}
+			c.writeRecord(t.key, t.val, t.rev, t.known, held, func(rev uint64, err error) {
 				j.recs.checkpointed(t, rev, err)
 				if err == nil {
 					j.floors.raise(rev)
@@ -143,13 +154,20 @@ func (c *checkpointer) start(req ckRequest) {
 
 // writeRecord writes val as key's record in the state bucket with a
 // compare-and-swap on rev (read first when not known). A lost
-// compare-and-swap is retried once after a read while this node still
-// serves the key's partition (or releases it: releasing).
-func (c *checkpointer) writeRecord(key string, val []byte, rev uint64, known, releasing bool, done func(uint64, error)) {
+// compare-and-swap is retried once after a read. It writes only with a
+// revision read or written while this node holds the key's partition
+// (held): before a read or a write starts, and when a read's answer
+// arrives, held must be true, so no record of a node whose lease lapsed
+// ever lands over a newer owner's (invariant J9).
+func (c *checkpointer) writeRecord(key string, val []byte, rev uint64, known bool, held func() bool, done func(uint64, error)) {
 	j := c.j
-	part := j.partOf(key)
+	lapsed := func() { done(0, fmt.Errorf("%w: the partition's lease lapsed", fail.ErrFenced)) }
 	var write func(rev uint64, retry bool)
 	reread := func() {
+		if !held() {
+			lapsed()
+			return
+		}
 		j.cfg.Bucket.GetAsync(key, j.cfg.Timeout, func(_ []byte, r uint64, err error) {
 			if err != nil && !errors.Is(err, kvstate.ErrNotFound) {
 				done(0, err)
@@ -159,8 +177,12 @@ func (c *checkpointer) writeRecord(key string, val []byte, rev uint64, known, re
 		})
 	}
 	write = func(rev uint64, retry bool) {
+		if !held() {
+			lapsed()
+			return
+		}
 		j.cfg.Bucket.UpdateAsync(key, val, rev, j.cfg.Timeout, func(nrev uint64, err error) {
-			if errors.Is(err, kvstate.ErrConflict) && retry && (releasing || j.cfg.View.Serving(part)) {
+			if errors.Is(err, kvstate.ErrConflict) && retry {
 				reread()
 				return
 			}

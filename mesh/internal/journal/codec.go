@@ -151,3 +151,40 @@ func (d *decoder) bytes() []byte {
 	d.b = d.b[n:]
 	return v
 }
+
+// Message is a decoded journal message, for tools and the simulation: a
+// batch (Items, with its nonce) or a fence.
+type Message struct {
+	Nonce uint64
+	Items []Item
+	Fence *Fence
+}
+
+// Item is one key's record in a batch.
+type Item struct {
+	Key string
+	Val []byte
+}
+
+// Fence says that Node claimed partition Part in Epoch.
+type Fence struct {
+	Part  int
+	Epoch uint64
+	Node  string
+}
+
+// Decode decodes a journal message; errors wrap ErrCorrupt.
+func Decode(b []byte) (Message, error) {
+	m, err := decode(b)
+	if err != nil {
+		return Message{}, err
+	}
+	out := Message{Nonce: m.nonce}
+	for _, it := range m.items {
+		out.Items = append(out.Items, Item{Key: it.key, Val: it.val})
+	}
+	if f := m.fence; f != nil {
+		out.Fence = &Fence{Part: f.part, Epoch: f.epoch, Node: f.node}
+	}
+	return out, nil
+}

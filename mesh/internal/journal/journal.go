@@ -192,6 +192,9 @@ func New(cfg Config) *Journal {
 	}
 	j := &Journal{cfg: cfg, log: cfg.Log, rt: cfg.Runtime, subj: Subjects(cfg.Prefix) + cfg.Self}
 	j.recs = newRecords(cfg.Parts)
+	if cfg.Last > cfg.Mark {
+		j.recs.inherit(cfg.Mark)
+	}
 	j.w = &writer{j: j, last: cfg.Last, nonce: cfg.Nonce}
 	j.floors = newFloors(j)
 	j.checks = &checker{j: j}
@@ -217,6 +220,13 @@ func (j *Journal) now() time.Time { return j.rt.Now() }
 
 // until is the time left before deadline on the journal's clock.
 func (j *Journal) until(deadline time.Time) time.Duration { return deadline.Sub(j.now()) }
+
+// opTimeout bounds one operation of a longer procedure (an adoption, a
+// read) by the per-operation timeout and the time left before deadline: a
+// lost message costs one operation's timeout, not the procedure's.
+func (j *Journal) opTimeout(deadline time.Time) time.Duration {
+	return min(j.until(deadline), j.cfg.Timeout)
+}
 
 // fencedErr is the error of a load or write of partition p that this node
 // does not hold.

@@ -14,7 +14,9 @@ import (
 // a replica that lags, and fails, unless the node's mark passed it
 // meanwhile (the messages up to it were checkpointed and purged). A
 // node's tenure marker of a partition drops that partition's earlier
-// records of the node (invariant J2). Reads go one at a time; a read
+// records of the node (invariant J2). A read may go on from where an
+// earlier read of the same journal ended, while the source's mark has not
+// reached that point (invariant J8). Reads go one at a time; a read
 // waiting longer than its timeout fails.
 
 // state is a key's latest record in a journal and the message holding it.
@@ -100,16 +102,19 @@ func (r *reader) pump() {
 		r.mu.Unlock()
 		r.pump()
 	}
-	if cached != nil {
-		r.run(req, cached, finish)
-		return
-	}
-	r.j.ck.markOf(req.id, r.j.until(req.deadline), func(mark uint64, err error) {
+	r.j.ck.markOf(req.id, r.j.opTimeout(req.deadline), func(mark uint64, err error) {
 		if err != nil {
 			finish(nil, fmt.Errorf("reading the journal mark of %s: %w", req.id, err))
 			return
 		}
-		r.run(req, &sourceRead{next: mark + 1, states: make(map[string]state)}, finish)
+		// An earlier read goes on where it ended, unless the source's mark
+		// reached that point since: the messages after it may be purged,
+		// and with them a tenure marker or a newer record (now in the
+		// state bucket) that supersede what the earlier read holds.
+		if cached == nil || mark >= cached.next {
+			cached = &sourceRead{next: mark + 1, states: make(map[string]state)}
+		}
+		r.run(req, cached, finish)
 	})
 }
 
@@ -160,7 +165,7 @@ func (r *reader) run(req *readRequest, sr *sourceRead, finish func(map[string]st
 			end(err)
 			return
 		}
-		j.ck.markOf(req.id, j.until(req.deadline), func(mark uint64, merr error) {
+		j.ck.markOf(req.id, j.opTimeout(req.deadline), func(mark uint64, merr error) {
 			if merr == nil && mark >= req.upto {
 				err = nil
 			}

@@ -1,6 +1,10 @@
 package journal
 
-import "sync"
+import (
+	"slices"
+	"strings"
+	"sync"
+)
 
 // The records: the latest journalled record of every key that is not in
 // the state bucket yet (or is pinned, or an orphan), and each partition's
@@ -44,11 +48,40 @@ type records struct {
 	owned []bool
 	// unrenewed[p]: this node claimed p and has not renewed the claim yet.
 	unrenewed []bool
+	// inherited[p]: this node's journal may hold records of p from an
+	// earlier incarnation of the node (above the mark it started with,
+	// inheritedMark), which this incarnation has not adopted and no other
+	// node is known to own since. The mark stays at or below
+	// inheritedMark while any is (invariant J3).
+	inherited     []bool
+	inheritedMark uint64
 }
 
 func newRecords(parts int) *records {
 	return &records{entries: make(map[string]*entry), gen: make([]uint64, parts),
-		owned: make([]bool, parts), unrenewed: make([]bool, parts)}
+		owned: make([]bool, parts), unrenewed: make([]bool, parts), inherited: make([]bool, parts)}
+}
+
+// inherit marks every partition's records as possibly in this node's
+// journal above mark, from an earlier incarnation (a restart with the same
+// id): none of them is checkpointed by this incarnation, which never read
+// them, so the mark holds until each partition is adopted or owned
+// elsewhere.
+func (r *records) inherit(mark uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inheritedMark = mark
+	for p := range r.inherited {
+		r.inherited[p] = true
+	}
+}
+
+// settled reports that partition p's inherited records are another
+// node's or this incarnation's now.
+func (r *records) settled(p int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inherited[p] = false
 }
 
 // lookup returns the journalled record of key (in partition p) when it is
@@ -128,6 +161,9 @@ func (r *records) dirty(part int, serving func(int) bool) []todo {
 		}
 		list = append(list, todo{k, e, e.val, e.jseq, e.kvRev, e.kvKnown})
 	}
+	// In key order: the writes go out in an order that does not depend on
+	// the map's (a schedule of the simulation replays exactly).
+	slices.SortFunc(list, func(a, b todo) int { return strings.Compare(a.key, b.key) })
 	return list
 }
 
@@ -165,6 +201,9 @@ func (r *records) markLimit(last uint64, idle int64) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := last
+	if slices.Contains(r.inherited, true) {
+		m = min(m, r.inheritedMark)
+	}
 	for k, e := range r.entries {
 		switch {
 		case e.firstDirty != 0:
@@ -289,4 +328,7 @@ func (r *records) adopted(p int, gen uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.owned[p] = gen == r.gen[p]
+	if r.owned[p] {
+		r.inherited[p] = false
+	}
 }

@@ -15,10 +15,10 @@ import (
 
 // ReadStateRecord returns the latest durable record of a limit key in the
 // installation with subject prefix prefix, by the rule the key's next
-// owner adopts with (invariant J2): the journals its partition's entry
-// names (a claim's unfinished sources, then the node it names), each read
-// from its node's mark to its end with tenure markers applied, later
-// sources winning; else the state bucket's. An error wraps
+// owner adopts with (invariants J2, J10): the journals its partition's
+// entry names (a claim's unfinished sources, then the node it names), each
+// read from its node's mark to its end with tenure markers applied, the
+// record of the highest version winning; else the state bucket's. An error wraps
 // kvstate.ErrNotFound when there is none. A diagnostic (the command and
 // tests use it), never on the decision path.
 func ReadStateRecord(ctx context.Context, js jetstream.JetStream, prefix, key string) ([]byte, error) {
@@ -98,7 +98,7 @@ func readJournalled(ctx context.Context, js jetstream.JetStream, kv jetstream.Ke
 		if r.err != nil {
 			return nil, r.err
 		}
-		if r.val != nil {
+		if r.val != nil && newer(r.val, best) {
 			best = r.val
 		}
 	}

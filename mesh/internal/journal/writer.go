@@ -3,7 +3,9 @@ package journal
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -275,7 +277,8 @@ func (w *writer) resync(batch []*write, n int, last, nonce uint64, deadline time
 			w.mu.Lock()
 			w.last = end
 			w.mu.Unlock()
-			for p, by := range lost {
+			for _, p := range slices.Sorted(maps.Keys(lost)) {
+				by := lost[p]
 				w.j.log.Warn("partition fenced by its new owner", "partition", p, "owner", by)
 				if w.j.cfg.OnFenced != nil {
 					w.j.cfg.OnFenced(p, by)

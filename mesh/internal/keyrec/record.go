@@ -17,8 +17,12 @@ const DedupeWindow = 60 * kvstate.Second
 // (and spends) again. 256 entries keep a Record under ~12 KiB.
 const MaxDedupeEntries = 256
 
-// recordVersion is the first byte of an encoded Record.
-const recordVersion = 1
+// The first byte of an encoded Record: its format. Format 2 adds the
+// record's version (Record.Version); format 1 records decode with version 0.
+const (
+	recordFormat1 = 1
+	recordFormat  = 2
+)
 
 // Record is the value stored in the state bucket for one limit key: the
 // policy version the states were last written under, the kvstate states of
@@ -27,18 +31,24 @@ const recordVersion = 1
 //
 // Encoding (docs/protocol.md):
 //
-//	byte    version (1)
+//	byte    format (2; 1 has no version field)
 //	uvarint len(policy), policy bytes
 //	uvarint policy revision
+//	uvarint version (format 2)
 //	uvarint len(states), states (kvstate.AppendStates)
 //	uvarint n dedupe entries, oldest first, each:
 //	  [16]byte id hash, varint at (ns), byte flags (1 allowed, 2 shadow_denied),
 //	  varint remaining, varint retry_after, varint reset_after, uvarint revision
 type Record struct {
-	Policy   string          // the policy the states were last written under
-	Revision uint64          // that policy's KV revision
-	States   []kvstate.State // one per limit, in the policy's limit order
-	Dedupe   []DedupeEntry   // recent request_ids, oldest first
+	Policy   string // the policy the states were last written under
+	Revision uint64 // that policy's KV revision
+	// Version counts the writes of the key's record: each write carries
+	// one more than the record it was decided from, so of two records of
+	// a key the one with the higher version is the later (adoption keeps
+	// it, whatever journal it came from: invariant J10).
+	Version uint64
+	States  []kvstate.State // one per limit, in the policy's limit order
+	Dedupe  []DedupeEntry   // recent request_ids, oldest first
 }
 
 // DedupeEntry is one remembered request_id.
@@ -64,10 +74,11 @@ func SizeHint(r *Record) int {
 
 // Append appends the encoding of r to dst.
 func Append(dst []byte, r *Record) []byte {
-	dst = append(dst, recordVersion)
+	dst = append(dst, recordFormat)
 	dst = binary.AppendUvarint(dst, uint64(len(r.Policy)))
 	dst = append(dst, r.Policy...)
 	dst = binary.AppendUvarint(dst, r.Revision)
+	dst = binary.AppendUvarint(dst, r.Version)
 	// The states' length prefix is a uvarint: encode the states after a
 	// one-byte gap and widen the gap only when they are 128 bytes or more.
 	at := len(dst)
@@ -156,12 +167,15 @@ func (r *reader) bytes(n uint64, what string) []byte {
 // kvstate.ErrCorrupt for the states part); it never panics.
 func Decode(b []byte) (Record, error) {
 	var rec Record
-	if len(b) == 0 || b[0] != recordVersion {
-		return rec, fmt.Errorf("%w: unknown version", ErrCorrupt)
+	if len(b) == 0 || (b[0] != recordFormat && b[0] != recordFormat1) {
+		return rec, fmt.Errorf("%w: unknown format", ErrCorrupt)
 	}
 	r := reader{b: b[1:]}
 	rec.Policy = string(r.bytes(r.uvarint("policy length"), "policy"))
 	rec.Revision = r.uvarint("revision")
+	if b[0] == recordFormat {
+		rec.Version = r.uvarint("version")
+	}
 	st := r.bytes(r.uvarint("states length"), "states")
 	n := r.uvarint("dedupe count")
 	if r.err != nil {
@@ -216,13 +230,29 @@ func (r *Record) fixPolicy() {
 // PeekPolicy returns the policy name and revision a stored Record was
 // written under, without decoding the rest.
 func PeekPolicy(b []byte) (string, uint64, bool) {
-	if len(b) == 0 || b[0] != recordVersion {
+	if len(b) == 0 || (b[0] != recordFormat && b[0] != recordFormat1) {
 		return "", 0, false
 	}
 	r := reader{b: b[1:]}
 	name := string(r.bytes(r.uvarint("policy length"), "policy"))
 	rev := r.uvarint("revision")
 	return name, rev, r.err == nil
+}
+
+// PeekVersion returns a stored record's version (0 for format 1) without
+// decoding the rest; false when b is not a record.
+func PeekVersion(b []byte) (uint64, bool) {
+	if len(b) == 0 || (b[0] != recordFormat && b[0] != recordFormat1) {
+		return 0, false
+	}
+	r := reader{b: b[1:]}
+	r.bytes(r.uvarint("policy length"), "policy")
+	r.uvarint("revision")
+	var v uint64
+	if b[0] == recordFormat {
+		v = r.uvarint("version")
+	}
+	return v, r.err == nil
 }
 
 // FindDedupe returns the remembered decision for id, if any.

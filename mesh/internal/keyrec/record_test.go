@@ -10,7 +10,7 @@ import (
 )
 
 func sampleRecord() Record {
-	r := Record{Policy: "acme-search", Revision: 12}
+	r := Record{Policy: "acme-search", Revision: 12, Version: 300}
 	_, r.States = kvstate.DecideAll([]kvstate.Limit{{Algorithm: kvstate.TokenBucket, Rate: 10 * kvstate.Unit, Burst: 40 * kvstate.Unit}},
 		nil, 5*kvstate.Second, 3*kvstate.Unit, nil)
 	r.AddDedupe(IDHash("a"), 5*kvstate.Second, Decision{Allowed: true, Policy: "acme-search", Revision: 12, Remaining: 37 * kvstate.Unit, ResetAfter: 300_000_000})
@@ -73,10 +73,9 @@ func TestRecordCorrupt(t *testing.T) {
 }
 
 func AppendWithCount(n uint64) []byte {
-	b := []byte{recordVersion, 1, 'p', 1}
-	b = append(b, 0) // no states bytes... replaced below
+	b := []byte{recordFormat, 1, 'p', 1, 7} // policy "p", revision 1, version 7
 	st := kvstate.AppendStates(nil, nil)
-	b = append(b[:4], byte(len(st)))
+	b = append(b, byte(len(st)))
 	b = append(b, st...)
 	return appendUvarint(b, n)
 }
@@ -131,4 +130,31 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatal("encoding not stable")
 		}
 	})
+}
+
+// TestRecordFormat1: a record of format 1 (no version field) decodes with
+// version 0, as it did; its version and policy peek as such.
+func TestRecordFormat1(t *testing.T) {
+	r := sampleRecord()
+	b2 := Append(nil, &r)
+	// Format 1 is format 2 without the version's varint (300: two bytes).
+	name := 1 + 1 + len(r.Policy) + 1 // format, length, name, revision (12: one byte)
+	b1 := append([]byte{recordFormat1}, b2[1:name]...)
+	b1 = append(b1, b2[name+2:]...)
+	got, err := Decode(b1)
+	if err != nil {
+		t.Fatalf("format 1: %v", err)
+	}
+	if got.Version != 0 || got.Policy != r.Policy || got.Revision != r.Revision || len(got.Dedupe) != 2 {
+		t.Fatalf("format 1 decoded as %+v", got)
+	}
+	if v, ok := PeekVersion(b1); !ok || v != 0 {
+		t.Fatalf("PeekVersion(format 1) = %d %v", v, ok)
+	}
+	if v, ok := PeekVersion(b2); !ok || v != 300 {
+		t.Fatalf("PeekVersion(format 2) = %d %v", v, ok)
+	}
+	if _, ok := PeekVersion([]byte{9}); ok {
+		t.Fatal("PeekVersion of a non-record")
+	}
 }

@@ -380,7 +380,7 @@ func (o *owner) next(now int64) (a action) {
 	o.batchAt = now
 	o.busy = true
 	a.kind = actWrite
-	a.value = keyrec.Append(make([]byte, 0, keyrec.SizeHint(&o.rec)), &o.rec)
+	a.value = o.encode()
 	a.rev = o.rev
 	a.deadline = maxDeadline(o.inflight)
 	a.blind = o.unread
@@ -419,7 +419,7 @@ func (o *owner) blindCreate(now int64) (action, bool) {
 	o.busy = true
 	return action{
 		kind:     actWrite,
-		value:    keyrec.Append(make([]byte, 0, keyrec.SizeHint(&o.rec)), &o.rec),
+		value:    o.encode(),
 		deadline: maxDeadline(o.inflight),
 		blind:    true,
 	}, true
@@ -435,11 +435,18 @@ func (o *owner) writeBehind(now int64) action {
 	o.busy = true
 	return action{
 		kind:     actWrite,
-		value:    keyrec.Append(make([]byte, 0, keyrec.SizeHint(&o.rec)), &o.rec),
+		value:    o.encode(),
 		rev:      o.rev,
 		deadline: noDeadline,
 		blind:    o.unread,
 	}
+}
+
+// encode returns the next write of the record: one version above the
+// record it was decided from (keyrec.Record.Version).
+func (o *owner) encode() []byte {
+	o.rec.Version++
+	return keyrec.Append(make([]byte, 0, keyrec.SizeHint(&o.rec)), &o.rec)
 }
 
 func maxDeadline(cs []*Call) int64 {

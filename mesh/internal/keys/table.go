@@ -14,6 +14,8 @@ package keys
 
 import (
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -280,6 +282,8 @@ func (t *Table) FlushPartition(p int, deadline time.Time, done func()) {
 		e.mu.Unlock()
 	}
 	t.mu.Unlock()
+	// In key order, not the map's (a simulation schedule replays exactly).
+	slices.SortFunc(busy, func(a, b pending) int { return strings.Compare(a.key, b.key) })
 	for _, k := range busy {
 		t.flushKey(k.key, k.e)
 	}

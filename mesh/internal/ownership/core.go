@@ -90,6 +90,10 @@ type shardOp struct {
 	rev   uint64 // expected revision
 	epoch uint64 // opRenew: the epoch to keep
 	at    int64  // instant the op was issued (its send instant)
+	// until is, for an opRelease of a partition held, the instant its
+	// lease holds until (serving's): the release may write the
+	// partition's records until then, no later (invariant J9).
+	until int64
 	// sources are, for opClaim, the nodes whose state journals the
 	// claimer adopts the partition's records from (the state journal), oldest
 	// first: the node the entry named before the claim and, when that
@@ -116,6 +120,10 @@ type shardCore struct {
 	// adopts them from this node's journal. 0: none.
 	kept []uint64
 
+	// sent[n]: this incarnation sent a claim of partition n (an entry
+	// naming this node that it never claimed is an earlier incarnation's).
+	sent []bool
+
 	// claimFails[n] counts the consecutive failed claims of partition n
 	// (reset by a claim that lands); claimAfter[n] is the instant before
 	// which it is not claimed again (claimBackoff).
@@ -125,6 +133,10 @@ type shardCore struct {
 	lastBeat  int64 // send instant of the last heartbeat; 0 = never
 	beating   bool
 	beatAfter int64 // a heartbeat that failed is not sent again before this instant
+	// beatRev is the revision of this node's last heartbeat that landed
+	// (0: none yet). The next heartbeat waits until the watch has
+	// delivered it (invariant O5).
+	beatRev   uint64
 	lostParts []int
 	live      []string // scratch
 
@@ -141,6 +153,7 @@ func newShardCore(self string, parts int, lease int64) *shardCore {
 		obs:     make([]partObs, parts),
 		mine:    make([]holding, parts),
 		kept:    make([]uint64, parts),
+		sent:    make([]bool, parts),
 
 		claimFails: make([]int, parts),
 		claimAfter: make([]int64, parts),
@@ -238,7 +251,7 @@ func (c *shardCore) holds(n int) bool {
 // tick returns the operations to issue at now.
 func (c *shardCore) tick(now int64) []shardOp {
 	var ops []shardOp
-	if !c.leaving && !c.beating && now >= c.beatAfter && (c.lastBeat == 0 || now-c.lastBeat >= c.lease/3) {
+	if !c.leaving && !c.beating && now >= c.beatAfter && (c.lastBeat == 0 || now-c.lastBeat >= c.lease/3) && c.watchLive() {
 		c.beating = true
 		ops = append(ops, shardOp{kind: opHeartbeat, at: now})
 	}
@@ -256,9 +269,17 @@ func (c *shardCore) tick(now int64) []shardOp {
 			switch {
 			case !mayClaim && (target == c.self || o.node == c.self):
 				// A claim just failed: not again before its backoff.
-			case o.exists && o.node == c.self && target == c.self:
+			case o.exists && o.node == c.self && (target == c.self || !c.sent[n]):
 				// Our own entry from before (a restart with the same id, a
-				// failed release): take it over in a new epoch.
+				// failed release): take it over in a new epoch, adopting
+				// from our journal. An entry of an earlier incarnation of
+				// this node is taken over even when the partition is
+				// another node's now: its records are in our journal only,
+				// and a release (checkpoint, then delete) by this
+				// incarnation, which holds none of them in memory, would
+				// hand the next owner the state bucket's older records
+				// (invariant O4). The release that follows checkpoints
+				// what was adopted.
 				ops = append(ops, c.claim(n, o.rev, adoptSources(o), now))
 			case o.exists && o.node == c.self && len(o.from) > 0:
 				// Our claim whose adoption did not finish, and the
@@ -277,9 +298,10 @@ func (c *shardCore) tick(now int64) []shardOp {
 		case holdOwned:
 			switch {
 			case target != c.self:
+				until := h.renewedAt + c.lease*2/3
 				h.state = holdReleasing
 				c.releases++
-				ops = append(ops, shardOp{kind: opRelease, part: n, rev: h.rev, at: now})
+				ops = append(ops, shardOp{kind: opRelease, part: n, rev: h.rev, at: now, until: until})
 			case now-h.renewedAt >= c.lease/3 && now >= h.retryAt:
 				h.state = holdRenewing
 				h.sentAt = now
@@ -292,6 +314,7 @@ func (c *shardCore) tick(now int64) []shardOp {
 
 func (c *shardCore) claim(n int, rev uint64, sources []string, now int64) shardOp {
 	c.mine[n] = holding{state: holdClaiming, sentAt: now}
+	c.sent[n] = true
 	return shardOp{kind: opClaim, part: n, rev: rev, at: now, sources: sources}
 }
 
@@ -424,13 +447,30 @@ func (c *shardCore) released(op shardOp, deleted bool, now int64) {
 }
 
 // beat reports the end of a heartbeat.
-func (c *shardCore) beat(op shardOp, err error) {
+func (c *shardCore) beat(op shardOp, rev uint64, err error) {
 	c.beating = false
 	if err == nil {
-		c.lastBeat = op.at
+		c.lastBeat, c.beatRev = op.at, max(c.beatRev, rev)
 		return
 	}
 	c.beatAfter = op.at + c.retryPause()
+}
+
+// watchLive reports whether the watch delivered this node's last heartbeat
+// that landed. A node whose watch has stalled (it cannot see claims,
+// renewals and releases) stops heartbeating, so the others stop assigning
+// partitions to it: they would release them to a node that does not see
+// the releases, and the partitions would go without an owner for as long
+// as the watch stalls.
+func (c *shardCore) watchLive() bool {
+	return c.beatRev == 0 || c.members[c.self].rev >= c.beatRev
+}
+
+// watchStale reports whether the watch has not delivered this node's last
+// heartbeat for a third of a lease after it was sent: the driver should
+// watch anew.
+func (c *shardCore) watchStale(now int64) bool {
+	return !c.watchLive() && now-c.lastBeat > c.lease/3
 }
 
 // settled reports whether every partition is held by this node or owned by

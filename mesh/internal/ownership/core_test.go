@@ -133,7 +133,7 @@ func (s *sim) exec(id string, c *shardCore, op shardOp) {
 			s.kv.seq++
 			s.kv.entries[key] = simEntry{rev: s.kv.seq}
 		}
-		c.beat(op, err)
+		c.beat(op, s.kv.seq, err)
 	case opClaim:
 		if err == nil {
 			rev, err = s.kv.cas(key, partValue{Node: id}, op.rev, false)
@@ -595,6 +595,9 @@ func TestShardUnfinishedClaimNotReleased(t *testing.T) {
 		c.observePart(withFrom, partValue{Node: "a", From: []string{"c"}}, 10, false, now)
 		c.observePart(plain, partValue{Node: "a"}, 11, false, now)
 	}
+	// Both entries are this incarnation's (claims whose outcome it did
+	// not learn).
+	a.sent[withFrom], a.sent[plain] = true, true
 	ops := a.tick(now)
 	if got := opsOf(ops, withFrom); len(got) != 0 {
 		t.Fatalf("own unfinished claim of partition %d: ops %+v, want none", withFrom, got)
@@ -683,6 +686,7 @@ func TestShardFailedReleaseExpires(t *testing.T) {
 	for _, c := range []*shardCore{a, b} {
 		c.observePart(p, partValue{Node: "a", Epoch: 5}, 11, false, now)
 	}
+	a.sent[p] = true // this incarnation's entry
 	got := opsOf(a.tick(now), p)
 	if len(got) != 1 || got[0].kind != opRelease || got[0].rev != 11 {
 		t.Fatalf("a's entry of partition %d targeting b: ops %+v, want one release at rev 11", p, got)
@@ -791,13 +795,13 @@ func TestShardRetryPause(t *testing.T) {
 	const parts, lease, pause = 2, 3200, 3200 / 16
 	now := int64(1)
 	c := heldCore(t, parts, lease, now)
-	c.beat(shardOp{kind: opHeartbeat, at: now}, nil)
+	c.beat(shardOp{kind: opHeartbeat, at: now}, 0, nil)
 	renewals := func(at int64) []shardOp {
 		var out []shardOp
 		for _, op := range c.tick(at) {
 			switch {
 			case op.kind == opHeartbeat:
-				c.beat(op, nil)
+				c.beat(op, 0, nil)
 			case op.kind == opRenew && op.part == 0:
 				out = append(out, op)
 			}
@@ -843,7 +847,7 @@ func TestShardRetryPause(t *testing.T) {
 	if beats(now) != 1 {
 		t.Fatal("no heartbeat after lease/3")
 	}
-	c.beat(shardOp{kind: opHeartbeat, at: now}, errors.New("nats: connection closed"))
+	c.beat(shardOp{kind: opHeartbeat, at: now}, 0, errors.New("nats: connection closed"))
 	if n := beats(now + pause - 1); n != 0 {
 		t.Fatalf("%d heartbeats before the pause after a failed one", n)
 	}
@@ -881,5 +885,82 @@ func TestShardRenewLanded(t *testing.T) {
 	c.renewed(op[0], 0, errSimConflict, true, now)
 	if c.holds(0) || len(c.takeLost()) != 1 {
 		t.Fatalf("a conflict: %+v, want the partition lost", c.mine[0])
+	}
+}
+
+// TestShardEarlierIncarnationEntryClaimedBack: an entry naming this node
+// that this incarnation never claimed (a restart with the same id) is
+// claimed back, adopting from this node's journal (and the entry's
+// sources), even when the partition is another node's target now: a
+// release by this incarnation, which holds none of the partition's
+// records in memory, would checkpoint nothing and delete the entry, and
+// the next owner would read older records from the state bucket (seed 54
+// of the simulation). Once adopted, the partition is released to its
+// target as usual.
+func TestShardEarlierIncarnationEntryClaimedBack(t *testing.T) {
+	const parts, lease = 16, 3000
+	toB := partsTargeting([]string{"a", "b"}, "b", parts)
+	if len(toB) < 2 {
+		t.Fatalf("partitions targeting b: %v", toB)
+	}
+	renewed, unfinished := toB[0], toB[1]
+	a, _, now := twoLiveCores(parts, lease)
+	a.observePart(renewed, partValue{Node: "a", Epoch: 5}, 11, false, now)
+	a.observePart(unfinished, partValue{Node: "a", From: []string{"c"}}, 12, false, now)
+	ops := a.tick(now)
+	for p, want := range map[int]struct {
+		rev     uint64
+		sources []string
+	}{renewed: {11, []string{"a"}}, unfinished: {12, []string{"c", "a"}}} {
+		got := opsOf(ops, p)
+		if len(got) != 1 || got[0].kind != opClaim || got[0].rev != want.rev || !reflect.DeepEqual(got[0].sources, want.sources) {
+			t.Fatalf("partition %d (an earlier incarnation's entry): ops %+v, want a claim at rev %d from %v", p, got, want.rev, want.sources)
+		}
+		a.claimed(got[0], 20+uint64(p), nil, now)
+	}
+	// Held now, and another node's target: released (checkpointed first).
+	ops = a.tick(now + 1)
+	for _, p := range []int{renewed, unfinished} {
+		if got := opsOf(ops, p); len(got) != 1 || got[0].kind != opRelease {
+			t.Fatalf("partition %d after taking it back: ops %+v, want a release", p, got)
+		}
+	}
+}
+
+// TestShardHeartbeatWaitsForTheWatch: a heartbeat that landed but that the
+// watch has not delivered holds the next heartbeat back (the others then
+// stop assigning partitions to a node that cannot see their releases), and
+// a third of a lease after it was sent the watch is stale: the driver
+// watches anew.
+func TestShardHeartbeatWaitsForTheWatch(t *testing.T) {
+	const lease = 3000
+	c := newShardCore("a", 4, lease)
+	var beats []shardOp
+	tick := func(now int64) {
+		for _, op := range c.tick(now) {
+			if op.kind == opHeartbeat {
+				beats = append(beats, op)
+			}
+		}
+	}
+	tick(1)
+	if len(beats) != 1 {
+		t.Fatalf("first tick: %d heartbeats", len(beats))
+	}
+	c.beat(beats[0], 7, nil) // landed at revision 7, not delivered yet
+	tick(1 + lease/3)
+	if len(beats) != 1 {
+		t.Fatal("a heartbeat sent while the last one has not come back through the watch")
+	}
+	if c.watchStale(lease/3) || !c.watchStale(2+lease/3) {
+		t.Fatalf("watchStale at +lease/3: %v, just after: %v", c.watchStale(lease/3), c.watchStale(2+lease/3))
+	}
+	c.observeNode("a", 7, false, 2+lease/3) // the watch delivers it
+	if c.watchStale(3 + lease/3) {
+		t.Fatal("stale after the delivery")
+	}
+	tick(3 + lease/3)
+	if len(beats) != 2 {
+		t.Fatalf("%d heartbeats once the last came back, want 2", len(beats))
 	}
 }

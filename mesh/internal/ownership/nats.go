@@ -141,14 +141,37 @@ func toEntry(e jetstream.KeyValueEntry) Entry {
 	return Entry{Key: e.Key(), Value: e.Value(), Rev: e.Revision(), Deleted: e.Operation() != jetstream.KeyValuePut}
 }
 
-// Drive feeds r the watch w (a WatchAll of the shards bucket) and a tick
-// every lease/15 until ctx ends, then stops r.
-func Drive(ctx context.Context, r *Runner, w jetstream.KeyWatcher) {
-	defer func() { _ = w.Stop() }()
+// Drive feeds r a watch of the shards bucket kv and a tick every lease/15
+// until ctx ends, then stops r. A watch that closes or stops delivering
+// (Runner.WatchStale: after a network partition heals, nats.go's ordered
+// consumer may take many seconds to resume) is replaced by a new one,
+// which delivers every entry's latest revision again.
+func Drive(ctx context.Context, r *Runner, kv jetstream.KeyValue) {
 	defer r.Stop()
 	tk := time.NewTicker(max(r.cfg.Lease/15, 5*time.Millisecond))
 	defer tk.Stop()
-	updates := w.Updates()
+	var w jetstream.KeyWatcher
+	defer func() {
+		if w != nil {
+			_ = w.Stop()
+		}
+	}()
+	var updates <-chan jetstream.KeyValueEntry
+	watch := func() {
+		if w != nil {
+			_ = w.Stop()
+			w, updates = nil, nil
+		}
+		nw, err := kv.WatchAll(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("watching the shards bucket", "error", err.Error())
+			}
+			return
+		}
+		w, updates = nw, nw.Updates()
+	}
+	watch()
 	for {
 		select {
 		case <-ctx.Done():
@@ -156,8 +179,8 @@ func Drive(ctx context.Context, r *Runner, w jetstream.KeyWatcher) {
 		case e, ok := <-updates:
 			switch {
 			case !ok:
-				updates = nil
-				r.log.Warn("shards watch closed")
+				r.log.Warn("shards watch closed; watching anew")
+				watch()
 			case e == nil:
 				r.Ready()
 			default:
@@ -165,6 +188,12 @@ func Drive(ctx context.Context, r *Runner, w jetstream.KeyWatcher) {
 			}
 		case <-tk.C:
 			r.Tick()
+			if w == nil || r.WatchStale() {
+				if w != nil {
+					r.log.Warn("shards watch stopped delivering; watching anew")
+				}
+				watch()
+			}
 		}
 	}
 }

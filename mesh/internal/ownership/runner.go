@@ -64,8 +64,9 @@ type Lifecycle interface {
 	// sources (oldest first) before it is served.
 	Adopt(p int, sources []string, epoch uint64, timeout time.Duration, done func(error))
 	// Release makes p's records durable for its next owner (a graceful
-	// release); an error leaves the entry to expire.
-	Release(p int, timeout time.Duration, done func(error))
+	// release), writing nothing after holdUntil, when this node's lease of
+	// p lapses (zero: it holds none); an error leaves the entry to expire.
+	Release(p int, holdUntil time.Time, timeout time.Duration, done func(error))
 	// Lost reports that p was lost (not released).
 	Lost(p int)
 	// Renewed reports that this node renewed its claim of p.
@@ -458,7 +459,7 @@ func (r *Runner) done(res result) {
 	case opRelease:
 		r.core.released(res.op, res.err == nil, now)
 	case opHeartbeat:
-		r.core.beat(res.op, res.err)
+		r.core.beat(res.op, res.rev, res.err)
 		if res.err != nil {
 			r.log.Warn("heartbeat failed", "error", res.err.Error())
 		}
@@ -553,7 +554,11 @@ func (r *Runner) release(op shardOp, key string, report func(uint64, error)) {
 			del()
 			return
 		}
-		r.cfg.Life.Release(op.part, r.adoptTimeout(), func(err error) {
+		var holdUntil time.Time
+		if op.until > 0 {
+			holdUntil = r.base.Add(time.Duration(op.until - 1))
+		}
+		r.cfg.Life.Release(op.part, holdUntil, r.adoptTimeout(), func(err error) {
 			if err != nil {
 				r.log.Warn("partition not checkpointed before its release; leaving its entry to expire",
 					"partition", op.part, "error", err.Error())
@@ -596,4 +601,23 @@ func (r *Runner) namesSelf(e Entry, epoch uint64) bool {
 		return e.Rev == epoch
 	}
 	return v.Epoch == epoch
+}
+
+// WatchStale reports whether the watch of the shards bucket has stopped
+// delivering: this node's last heartbeat has not come back through it for
+// a third of a lease. The driver then watches anew.
+func (r *Runner) WatchStale() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.core.watchStale(r.Mono())
+}
+
+// Describe reports, for diagnostics, this node's relation to partition p
+// and what it last observed of p's entry.
+func (r *Runner) Describe(p int) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h, o := r.core.mine[p], r.core.obs[p]
+	return fmt.Sprintf("hold=%d epoch=%d rev=%d renewedAt=%d; entry exists=%v node=%q epoch=%d from=%v rev=%d seen=%d; now=%d pending=%d kept=%d",
+		h.state, h.epoch, h.rev, h.renewedAt, o.exists, o.node, o.epoch, o.from, o.rev, o.seen, r.Mono(), r.pending, r.core.kept[p])
 }

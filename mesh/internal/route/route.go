@@ -66,6 +66,9 @@ func (t *Table) Epoch(p int) uint64 {
 	return t.slots[p].epoch.Load()
 }
 
+// EpochOf returns the epoch p was last held in, served now or not.
+func (t *Table) EpochOf(p int) uint64 { return t.slots[p].epoch.Load() }
+
 // Slot returns partition p's slot.
 func (t *Table) Slot(p int) *Slot { return &t.slots[p] }
 

@@ -1,0 +1,196 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/keys"
+)
+
+// The invariants the simulation checks (docs/protocol.md, "Invariants"):
+//
+//	M1  at most one node serves a partition at any instant;
+//	M2  a node serves a partition only in an epoch that is the revision of
+//	    its own claim of it;
+//	M3  no admission is forgotten and none is decided twice: every
+//	    admission of a count key reports a count (its admissions so far) no
+//	    earlier admission reported;
+//	M4  the contract: a count key admits at most its limit; a rate key at
+//	    most burst + rate × elapsed (with the clocks' and the decision
+//	    deadline's slack) over any span;
+//	M5  after the faults end, every partition gets exactly one owner and
+//	    every key is decided again, from a record holding every admission.
+
+// checker holds what the checks need and the first violation.
+type checker struct {
+	s   *Sim
+	err error
+
+	calls, unavailable, lost, errs, admitted, denied int
+	counts                                           map[string]map[int64]bool // count key -> counts admitted
+	rates                                            map[string][]int64        // rate key -> global instants of admissions
+	owner                                            []*node                   // scratch of step: the node serving each partition
+}
+
+func newChecker(s *Sim) *checker {
+	return &checker{s: s, counts: map[string]map[int64]bool{}, rates: map[string][]int64{},
+		owner: make([]*node, s.cfg.Parts)}
+}
+
+func (c *checker) fail(format string, a ...any) {
+	if c.err == nil {
+		c.err = fmt.Errorf("at %.6fs: %s", float64(c.s.s.now)/1e9, fmt.Sprintf(format, a...))
+		c.s.logf("VIOLATION: %v", c.err)
+	}
+}
+
+// step checks M1 and M2 after an event.
+func (c *checker) step() {
+	s := c.s
+	clear(c.owner)
+	for _, n := range s.nodes {
+		if !n.up {
+			continue
+		}
+		rt := n.m.Route
+		mono := rt.Mono()
+		for p := range s.cfg.Parts {
+			if !rt.ServingAt(p, mono) {
+				continue
+			}
+			if o := c.owner[p]; o != nil {
+				c.fail("M1: partition %d served by %s and %s", p, o.id, n.id)
+				return
+			}
+			c.owner[p] = n
+			if e := rt.EpochOf(p); s.claims[p][e] != n.id {
+				c.fail("M2: %s serves partition %d in epoch %d, which is %q's claim", n.id, p, e, s.claims[p][e])
+				return
+			}
+		}
+	}
+}
+
+// outcome records the answer to a client call and checks M3 and M4.
+func (c *checker) outcome(cc *clientCall, n *node, kc *keys.Call) {
+	s := c.s
+	if kc.Err != nil {
+		c.errs++
+		return
+	}
+	if !kc.Out.Allowed {
+		c.denied++
+		return
+	}
+	c.admitted++
+	k := cc.k
+	if k.count {
+		count := int64(s.cfg.Limit) - kc.Out.Remaining/kvstate.Unit
+		m := c.counts[k.name]
+		if m == nil {
+			m = map[int64]bool{}
+			c.counts[k.name] = m
+		}
+		if s.cfg.Debug {
+			s.logf("%s admits %s at count %d", n.id, k.name, count)
+		}
+		if m[count] {
+			c.fail("M3: %s admitted a second time at count %d (by %s): an admission was forgotten", k.name, count, n.id)
+		}
+		m[count] = true
+		if len(m) > s.cfg.Limit || count > int64(s.cfg.Limit) || count < 1 {
+			c.fail("M4: %s admitted %d times (count %d), limit %d", k.name, len(m), count, s.cfg.Limit)
+		}
+		return
+	}
+	// A rate key: over any span [a, b] of admissions (their global
+	// instants), at most burst + rate × (b − a + slack) where the owners'
+	// clocks decide: the slack is a decision's deadline (an admission is
+	// decided before it is answered) and twice the largest clock offset,
+	// and the span is stretched by the clocks' largest rate errors (a new
+	// owner whose clock is ahead refills more, CONTRACT: at most skew ×
+	// rate).
+	t := s.s.now
+	ts := append(c.rates[k.name], t)
+	c.rates[k.name] = ts
+	slack := int64(s.cfg.Timeout) + 2*maxOffset
+	for i, a := range ts {
+		admitted := int64(len(ts) - i)
+		span := (t - a) + (t-a)*2*maxDrift/1_000_000 + slack
+		allowed := int64(rateBurst) + span*ratePerSec/1e9 + 1
+		if admitted > allowed {
+			c.fail("M4: %s admitted %d in %.3fs, allowed %d", k.name, admitted, float64(t-a)/1e9, allowed)
+			return
+		}
+	}
+}
+
+// final checks M5 at the end of the run: one owner per partition, and a
+// dry run of every count key, decided, reports a count at least the
+// highest admitted.
+func (c *checker) final() error {
+	s := c.s
+	for p := range s.cfg.Parts {
+		owners := 0
+		for _, n := range s.nodes {
+			if n.up && n.m.Route.Serving(p) {
+				owners++
+			}
+		}
+		if owners != 1 {
+			var states []string
+			for _, n := range s.nodes {
+				if n.up {
+					states = append(states, n.id+": "+n.m.Owner.Describe(p))
+				}
+			}
+			return fmt.Errorf("M5: %.3fs after the faults ended, partition %d has %d owners:\n%s",
+				s.cfg.Settle.Seconds(), p, owners, strings.Join(states, "\n"))
+		}
+	}
+	var errs []error
+	for _, k := range s.keys {
+		if !k.count {
+			continue
+		}
+		var got *keys.Call
+		cc := &clientCall{k: k, deadline: s.s.now + int64(s.cfg.Timeout), dryRun: true,
+			done: func(kc keys.Call) { got = &kc }}
+		s.route(cc, s.anyUp())
+		s.s.runUntil(s.s.now + 2*int64(s.cfg.Timeout))
+		if got == nil || got.Err != nil {
+			errs = append(errs, fmt.Errorf("M5: %s not decided after the faults ended: %v", k.name, got))
+			continue
+		}
+		count := int64(s.cfg.Limit) - got.Out.Remaining/kvstate.Unit
+		var highest int64
+		for n := range c.counts[k.name] {
+			highest = max(highest, n)
+		}
+		if count < highest {
+			errs = append(errs, fmt.Errorf("M3: %s holds count %d, but count %d was admitted: admissions forgotten", k.name, count, highest))
+		}
+	}
+	if c.err != nil {
+		return c.err
+	}
+	return errors.Join(errs...)
+}
+
+// Stats summarizes the run's traffic.
+func (c *checker) Stats() string {
+	return fmt.Sprintf("%d calls: %d admitted, %d denied, %d errors, %d unavailable, %d lost with their node",
+		c.calls, c.admitted, c.denied, c.errs, c.unavailable, c.lost)
+}
+
+// anyUp returns the first node that runs.
+func (s *Sim) anyUp() *node {
+	for _, n := range s.nodes {
+		if n.up {
+			return n
+		}
+	}
+	return s.nodes[0]
+}

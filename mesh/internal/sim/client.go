@@ -1,0 +1,95 @@
+package sim
+
+import (
+	"errors"
+	"time"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/fail"
+	"github.com/limitmesh/limitmesh/mesh/internal/keys"
+)
+
+// clients issue decide requests until end (global ns): to a random node,
+// for a random key, as a Poisson process of cfg.Rate per second.
+func (s *Sim) clients(end int64) {
+	var next func()
+	next = func() {
+		if s.s.now >= end {
+			return
+		}
+		k := s.keys[s.s.rng.IntN(len(s.keys))]
+		n := s.nodes[s.s.rng.IntN(len(s.nodes))]
+		c := &clientCall{k: k, deadline: s.s.now + int64(s.cfg.Timeout)}
+		s.check.calls++
+		s.route(c, n)
+		gap := int64(s.s.rng.ExpFloat64() / s.cfg.Rate * 1e9)
+		s.s.after(max(gap, 1), nil, next)
+	}
+	s.s.after(int64(s.cfg.Lease), nil, next)
+}
+
+// clientCall is one decide request.
+type clientCall struct {
+	k        *simKey
+	deadline int64 // global
+	dryRun   bool
+	done     func(keys.Call) // a final probe's
+}
+
+// route decides c on node n if n serves its key's partition, or forwards
+// it to the node that does (as the decide service does), retrying until
+// the deadline while no node serves it.
+func (s *Sim) route(c *clientCall, n *node) {
+	if s.s.now >= c.deadline {
+		s.check.unavailable++
+		return
+	}
+	if !n.up {
+		s.check.lost++
+		return
+	}
+	p := c.k.part
+	if n.m.Route.Serving(p) {
+		s.submit(c, n)
+		return
+	}
+	var owner *node
+	for _, o := range s.nodes {
+		if o.up && o != n && o.m.Route.Serving(p) {
+			owner = o
+		}
+	}
+	if owner == nil || n.cut {
+		s.s.after(int64(3*time.Millisecond), n, func() { s.route(c, n) })
+		return
+	}
+	s.s.after(s.netDelay()+s.netDelay(), owner, func() { s.route(c, owner) })
+}
+
+// submit hands c to n's key owner.
+func (s *Sim) submit(c *clientCall, n *node) {
+	m := n.m
+	slot := m.Route.Slot(c.k.part)
+	slot.Inflight.Add(1)
+	rtm := nodeRT{n}
+	now := rtm.Now().UnixNano()
+	call := &keys.Call{Policy: c.k.p, Cost: kvstate.Unit, DryRun: c.dryRun,
+		Deadline: now + n.global(c.deadline-s.s.now)}
+	call.Done = finisher(func(kc *keys.Call) {
+		slot.Inflight.Add(-1)
+		if errors.Is(kc.Err, fail.ErrFenced) && s.s.now < c.deadline {
+			s.route(c, n) // the partition moved while deciding: the new owner decides
+			return
+		}
+		if c.done != nil {
+			c.done(*kc)
+			return
+		}
+		s.check.outcome(c, n, kc)
+	})
+	m.Keys.Submit(c.k.name, call, now, nil)
+}
+
+type finisher func(*keys.Call)
+
+func (f finisher) Finish(c *keys.Call) { f(c) }

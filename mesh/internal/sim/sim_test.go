@@ -1,0 +1,78 @@
+package sim
+
+import (
+	"flag"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+var (
+	seedFlag  = flag.Uint64("sim.seed", 0, "run only this seed (a failing seed's reproduction)")
+	seedsFlag = flag.Int("sim.seeds", 0, "how many seeds TestSimulation runs (default: 1500, 150 with -short)")
+	traceFlag = flag.Bool("sim.trace", false, "print the run's trace")
+)
+
+// TestSimulation runs many seeded schedules of a three-node mesh with
+// faults and checks the invariants after every step (check.go). A failure
+// names its seed; the command in the message replays it exactly.
+func TestSimulation(t *testing.T) {
+	seeds := uint64(1500)
+	if testing.Short() {
+		seeds = 150
+	}
+	if *seedsFlag > 0 {
+		seeds = uint64(*seedsFlag)
+	}
+	first := uint64(1)
+	if *seedFlag != 0 {
+		first, seeds = *seedFlag, 1
+	}
+	start := time.Now()
+	var (
+		next     atomic.Uint64
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		failures []string
+		steps    atomic.Int64
+	)
+	next.Store(first)
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for {
+				seed := next.Add(1) - 1
+				if seed >= first+seeds {
+					return
+				}
+				s, err := New(Config{Seed: seed, Faults: true, Debug: *traceFlag})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				err = s.Run()
+				steps.Add(int64(s.Steps()))
+				if *traceFlag {
+					t.Logf("seed %d: %s\n%s", seed, s.check.Stats(), s.Trace())
+				}
+				if err != nil {
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("seed %d: %v\n%s\nreproduce: go test ./mesh/internal/sim -run TestSimulation -sim.seed=%d -sim.trace -v",
+						seed, err, s.Trace(), seed))
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d schedules, %d steps in %v", seeds, steps.Load(), time.Since(start).Round(time.Millisecond))
+	for i, f := range failures {
+		if i == 3 {
+			t.Errorf("... and %d more failing seeds", len(failures)-3)
+			break
+		}
+		t.Error(f)
+	}
+}

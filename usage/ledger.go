@@ -314,6 +314,12 @@ func (r *Reconciler) session(ctx context.Context) error {
 		return fmt.Errorf("usage stream info: %w", err)
 	}
 	s.retention = info.Config.MaxAge
+	if cur.Seq > info.State.LastSeq {
+		// The stream was deleted and created again: its sequences restarted
+		// below the ledger's, whose entries would skip the new messages.
+		r.log.Error("the ledger is ahead of the usage stream (was the stream re-created? delete the ledger bucket with it)",
+			"cursor", cur.Seq, "stream_last", info.State.LastSeq)
+	}
 	s.cons, err = stream.CreateOrUpdateConsumer(octx, jetstream.ConsumerConfig{
 		Durable:       LedgerConsumer,
 		Description:   "limitmesh usage ledger",

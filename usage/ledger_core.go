@@ -2,6 +2,7 @@ package usage
 
 import (
 	"math"
+	"strings"
 	"time"
 )
 
@@ -120,8 +121,10 @@ func (c *ledgerCore) missing(b *Batch, entry func(entryID), origin func(string))
 }
 
 // hold adds an entry as loaded: t (the zero Totals for a new entry) at
-// revision rev.
+// revision rev. The strings of id are copied: a decoded batch's strings
+// share its whole message, which a long-lived entry must not keep alive.
 func (c *ledgerCore) hold(id entryID, rev uint64, t Totals) *ledgerEntry {
+	id = entryID{strings.Clone(id.policy), strings.Clone(id.period), strings.Clone(id.key)}
 	t.Policy, t.Key, t.Period = id.policy, id.key, id.period
 	e := &ledgerEntry{id: id, kvKey: TotalsKey(id.policy, id.period, id.key), rev: rev, t: t}
 	c.entries[id] = e
@@ -130,6 +133,7 @@ func (c *ledgerCore) hold(id entryID, rev uint64, t Totals) *ledgerEntry {
 
 // holdOrigin adds an origin's watermarks as loaded (m nil: none yet).
 func (c *ledgerCore) holdOrigin(origin string, rev uint64, m *marks) {
+	origin = strings.Clone(origin)
 	if m == nil {
 		m = &marks{pos: map[string]JournalPos{}}
 	}
@@ -151,9 +155,13 @@ func (c *ledgerCore) apply(seq uint64, b *Batch) (counted, dup int) {
 				o.m.SeenUs = r.TimeUs
 				c.dirtyOrigin(o)
 			}
-			if cur, ok := o.m.pos[ptok]; ok && !cur.Less(pos) {
+			cur, ok := o.m.pos[ptok]
+			if ok && !cur.Less(pos) {
 				dup++
 				continue
+			}
+			if !ok {
+				ptok = strings.Clone(ptok)
 			}
 			o.m.pos[ptok] = pos
 			o.m.Seq = seq
@@ -192,7 +200,9 @@ func (c *ledgerCore) apply(seq uint64, b *Batch) (counted, dup int) {
 		}
 		if r.Allowed && b.Policy != "" {
 			pk := policyKey{b.Policy, r.Key}
-			if r.TimeUs > c.touched[pk] {
+			if last, ok := c.touched[pk]; !ok {
+				c.touched[policyKey{strings.Clone(b.Policy), strings.Clone(r.Key)}] = r.TimeUs
+			} else if r.TimeUs > last {
 				c.touched[pk] = r.TimeUs
 			}
 		}

@@ -1,0 +1,772 @@
+package usage
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/policies"
+)
+
+// DecodeBatch decodes and validates one usage stream message (CONTRACT.md
+// §6). It is strict, because anyone able to publish on the usage subjects
+// can send it anything:
+//
+//   - the body is one JSON object (whitespace around it is allowed) with
+//     "node" (1..256 bytes of printable UTF-8), "policy" ("" or a policy
+//     name, [a-z0-9][a-z0-9_-]{0,63}) and "records" (an array);
+//   - each record has "id" (1..256 bytes of printable UTF-8), "t_us" (an
+//     integer >= 0), "revision" (an integer >= 0), "key" ("" exactly when
+//     the batch's policy is "", else a valid KV key of at most 256 bytes),
+//     "descriptor" (an object following CONTRACT.md §2), "cost" (a JSON
+//     number > 0 and <= 1e9 with at most 6 fractional digits, no exponent),
+//     "result" ("allowed" or "denied") and optionally "request_id" (at most
+//     128 bytes of printable UTF-8);
+//   - unknown fields are skipped (new optional fields are a compatible
+//     extension); a known field given twice, a missing required field,
+//     invalid UTF-8 in a string and trailing data are errors.
+//
+// Errors match [ErrInvalid] and name the field. The returned descriptors
+// are sorted by name. The strings of the result share one copy of data.
+func DecodeBatch(data []byte) (Batch, error) {
+	// One copy of the message: every string without escapes is a
+	// substring of it.
+	d := decoder{data: string(data)}
+	return d.batch()
+}
+
+// decodeError is a rejection naming the offending field.
+type decodeError struct {
+	path   string
+	reason string
+}
+
+func (e *decodeError) Error() string {
+	if e.path == "" {
+		return "usage: invalid batch: " + e.reason
+	}
+	return "usage: invalid batch: " + e.path + ": " + e.reason
+}
+
+func (e *decodeError) Is(target error) bool { return target == ErrInvalid }
+
+// maxSkipDepth bounds the nesting of unknown fields' values.
+const maxSkipDepth = 32
+
+// dimSlab is how many descriptor entries are allocated at once.
+const dimSlab = 1024
+
+// decoder reads one batch from data; pos is the next byte.
+type decoder struct {
+	data string
+	pos  int
+	dims []policies.Dim // free part of the slab descriptors are cut from
+}
+
+// loc names a field for error messages; its text is built only when an
+// error is reported. rec < 0 for the batch's own fields.
+type loc struct {
+	rec   int
+	field string
+	sub   string
+}
+
+func (l loc) String() string {
+	var parts []string
+	if l.rec >= 0 {
+		parts = append(parts, "records["+strconv.Itoa(l.rec)+"]")
+	}
+	for _, p := range []string{l.field, l.sub} {
+		if p != "" {
+			parts = append(parts, p)
+		}
+	}
+	return strings.Join(parts, ".")
+}
+
+func (l loc) with(name string) loc {
+	if l.field == "" {
+		l.field = name
+	} else {
+		l.sub = name
+	}
+	return l
+}
+
+func fail(at loc, reason string) error { return &decodeError{path: at.String(), reason: reason} }
+
+var top = loc{rec: -1}
+
+func (d *decoder) ws() {
+	for d.pos < len(d.data) {
+		switch d.data[d.pos] {
+		case ' ', '\t', '\n', '\r':
+			d.pos++
+		default:
+			return
+		}
+	}
+}
+
+// expect consumes byte c (after whitespace).
+func (d *decoder) expect(c byte, at loc) error {
+	d.ws()
+	if d.pos >= len(d.data) {
+		return fail(at, "unexpected end of input, want "+strconv.QuoteRune(rune(c)))
+	}
+	if d.data[d.pos] != c {
+		return fail(at, "unexpected "+strconv.QuoteRune(rune(d.data[d.pos]))+", want "+strconv.QuoteRune(rune(c)))
+	}
+	d.pos++
+	return nil
+}
+
+// peek returns the next non-space byte, or 0 at the end.
+func (d *decoder) peek() byte {
+	d.ws()
+	if d.pos >= len(d.data) {
+		return 0
+	}
+	return d.data[d.pos]
+}
+
+// object calls field for every member of an object at at; field reports
+// whether it read the member's value (else it is skipped).
+func (d *decoder) object(at loc, field func(name string) (bool, error)) error {
+	if err := d.expect('{', at); err != nil {
+		return err
+	}
+	if d.peek() == '}' {
+		d.pos++
+		return nil
+	}
+	for {
+		name, err := d.str(at)
+		if err != nil {
+			return err
+		}
+		if err := d.expect(':', at); err != nil {
+			return err
+		}
+		known, err := field(name)
+		if err != nil {
+			return err
+		}
+		if !known {
+			if err := d.skip(at.with(name), 0); err != nil {
+				return err
+			}
+		}
+		switch d.peek() {
+		case ',':
+			d.pos++
+		case '}':
+			d.pos++
+			return nil
+		case 0:
+			return fail(at, "unexpected end of input")
+		default:
+			return fail(at, "unexpected "+strconv.QuoteRune(rune(d.data[d.pos]))+" after a member")
+		}
+	}
+}
+
+func (d *decoder) batch() (Batch, error) {
+	var (
+		b    Batch
+		seen uint8
+	)
+	const (
+		fNode = 1 << iota
+		fPolicy
+		fRecords
+	)
+	err := d.object(top, func(name string) (bool, error) {
+		var bit uint8
+		switch name {
+		case "node":
+			bit = fNode
+		case "policy":
+			bit = fPolicy
+		case "records":
+			bit = fRecords
+		default:
+			return false, nil
+		}
+		at := top.with(name)
+		if seen&bit != 0 {
+			return true, fail(at, "given twice")
+		}
+		seen |= bit
+		var err error
+		switch bit {
+		case fNode:
+			if b.Node, err = d.str(at); err == nil {
+				err = checkID(at, b.Node)
+			}
+		case fPolicy:
+			b.Policy, err = d.str(at)
+			if err == nil && b.Policy != "" && policies.ValidateName(b.Policy) != nil {
+				err = fail(at, strconv.Quote(b.Policy)+" is not [a-z0-9][a-z0-9_-]{0,63}")
+			}
+		case fRecords:
+			b.Records, err = d.records()
+		}
+		return true, err
+	})
+	if err != nil {
+		return Batch{}, err
+	}
+	d.ws()
+	if d.pos != len(d.data) {
+		return Batch{}, fail(top, "trailing data after the batch")
+	}
+	switch {
+	case seen&fNode == 0:
+		return Batch{}, fail(top.with("node"), "missing")
+	case seen&fPolicy == 0:
+		return Batch{}, fail(top.with("policy"), "missing")
+	case seen&fRecords == 0:
+		return Batch{}, fail(top.with("records"), "missing")
+	}
+	// A key is "" exactly for the decisions no policy matched.
+	for i := range b.Records {
+		switch k := b.Records[i].Key; {
+		case b.Policy == "" && k != "":
+			return Batch{}, fail(loc{rec: i, field: "key"}, `must be "" in a batch of policy ""`)
+		case b.Policy != "" && k == "":
+			return Batch{}, fail(loc{rec: i, field: "key"}, "is empty")
+		}
+	}
+	return b, nil
+}
+
+func (d *decoder) records() ([]Record, error) {
+	at := top.with("records")
+	if err := d.expect('[', at); err != nil {
+		return nil, err
+	}
+	// Records are about 150 bytes of JSON or more: a capacity guess that
+	// saves most regrowth.
+	out := make([]Record, 0, min(4096, (len(d.data)-d.pos)/150+1))
+	if d.peek() == ']' {
+		d.pos++
+		return out, nil
+	}
+	for i := 0; ; i++ {
+		r, err := d.record(i)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+		switch d.peek() {
+		case ',':
+			d.pos++
+		case ']':
+			d.pos++
+			return out, nil
+		default:
+			return nil, fail(at, "unexpected input after a record")
+		}
+	}
+}
+
+func (d *decoder) record(i int) (Record, error) {
+	var (
+		r     Record
+		seen  uint16
+		start = -1 // the record's descriptor in d.dims
+		ndims int
+	)
+	const (
+		fID = 1 << iota
+		fTime
+		fRevision
+		fKey
+		fDescriptor
+		fCost
+		fResult
+		fRequestID
+		required = fID | fTime | fRevision | fKey | fDescriptor | fCost | fResult
+	)
+	self := loc{rec: i}
+	err := d.object(self, func(name string) (bool, error) {
+		var bit uint16
+		switch name {
+		case "id":
+			bit = fID
+		case "t_us":
+			bit = fTime
+		case "revision":
+			bit = fRevision
+		case "key":
+			bit = fKey
+		case "descriptor":
+			bit = fDescriptor
+		case "cost":
+			bit = fCost
+		case "result":
+			bit = fResult
+		case "request_id":
+			bit = fRequestID
+		default:
+			return false, nil
+		}
+		at := self.with(name)
+		if seen&bit != 0 {
+			return true, fail(at, "given twice")
+		}
+		seen |= bit
+		var err error
+		switch bit {
+		case fID:
+			if r.ID, err = d.str(at); err == nil {
+				err = checkID(at, r.ID)
+			}
+		case fTime:
+			var n uint64
+			if n, err = d.uint(at); err == nil {
+				if n > 1<<63-1 {
+					err = fail(at, "is too large")
+				}
+				r.TimeUs = int64(n)
+			}
+		case fRevision:
+			r.Revision, err = d.uint(at)
+		case fKey:
+			if r.Key, err = d.str(at); err == nil {
+				err = checkKey(at, r.Key)
+			}
+		case fDescriptor:
+			start, ndims, err = d.descriptor(at)
+		case fCost:
+			var text string
+			if text, err = d.number(at); err == nil {
+				r.Cost, err = parseCost(at, text)
+			}
+		case fResult:
+			var s string
+			if s, err = d.str(at); err == nil {
+				switch s {
+				case "allowed":
+					r.Allowed = true
+				case "denied":
+				default:
+					err = fail(at, strconv.Quote(s)+` is not "allowed" or "denied"`)
+				}
+			}
+		case fRequestID:
+			if r.RequestID, err = d.str(at); err == nil {
+				if len(r.RequestID) > MaxRequestIDLen {
+					err = fail(at, "is "+strconv.Itoa(len(r.RequestID))+" bytes (at most 128)")
+				} else if reason := printable(r.RequestID); reason != "" {
+					err = fail(at, reason)
+				}
+			}
+		}
+		return true, err
+	})
+	if err != nil {
+		return Record{}, err
+	}
+	if missing := required &^ seen; missing != 0 {
+		names := []string{"id", "t_us", "revision", "key", "descriptor", "cost", "result"}
+		for k, n := range names {
+			if missing&(1<<k) != 0 {
+				return Record{}, fail(self.with(n), "missing")
+			}
+		}
+	}
+	desc, err := policies.NewDescriptor(d.dims[start : start+ndims : start+ndims])
+	if err != nil {
+		var pe *policies.Error
+		if errors.As(err, &pe) {
+			return Record{}, fail(loc{rec: i, field: pe.Path}, pe.Reason)
+		}
+		return Record{}, fail(self.with("descriptor"), err.Error())
+	}
+	r.Descriptor = desc
+	return r, nil
+}
+
+// descriptor reads a descriptor object into the slab and returns where its
+// entries start and how many there are.
+func (d *decoder) descriptor(at loc) (int, int, error) {
+	if cap(d.dims)-len(d.dims) < policies.MaxDims {
+		d.dims = make([]policies.Dim, 0, dimSlab)
+	}
+	start := len(d.dims)
+	err := d.object(at, func(name string) (bool, error) {
+		if len(d.dims)-start == policies.MaxDims {
+			return true, fail(at, "has more than 16 dimensions")
+		}
+		v, err := d.str(at.with(name))
+		if err != nil {
+			return true, err
+		}
+		d.dims = append(d.dims, policies.Dim{Name: name, Value: v})
+		return true, nil
+	})
+	return start, len(d.dims) - start, err
+}
+
+// parseCost parses a cost's number text: the common forms (up to 10
+// integer digits, up to 6 fractional digits) here, the rest by
+// policies.ParseCost (same rules).
+func parseCost(at loc, s string) (int64, error) {
+	i := 0
+	var whole int64
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		whole = whole*10 + int64(s[i]-'0')
+		i++
+	}
+	ok := i > 0 && i <= 10 && (i == 1 || s[0] != '0')
+	var frac int64
+	scale := kvstate.Unit
+	if ok && i < len(s) && s[i] == '.' {
+		j := i + 1
+		for j < len(s) && s[j] >= '0' && s[j] <= '9' && j-i <= 6 {
+			frac = frac*10 + int64(s[j]-'0')
+			scale /= 10
+			j++
+		}
+		ok = j > i+1
+		i = j
+	}
+	if ok && i == len(s) {
+		v := whole*kvstate.Unit + frac*scale
+		if v > 0 && v <= policies.MaxCost {
+			return v, nil
+		}
+	}
+	v, err := policies.ParseCost(s)
+	if err != nil {
+		return 0, fail(at, strconv.Quote(s)+" is not a cost > 0 and <= 1e9 with at most 6 fractional digits")
+	}
+	return v, nil
+}
+
+// str reads a JSON string; invalid UTF-8 (raw or through lone surrogate
+// escapes) is an error. A string without escapes is a substring of data.
+func (d *decoder) str(at loc) (string, error) {
+	if err := d.expect('"', at); err != nil {
+		return "", err
+	}
+	start := d.pos
+	ascii := true
+	for d.pos < len(d.data) {
+		c := d.data[d.pos]
+		if c == '"' {
+			s := d.data[start:d.pos]
+			d.pos++
+			if !ascii && !utf8.ValidString(s) {
+				return "", fail(at, "is not valid UTF-8")
+			}
+			return s, nil
+		}
+		if c == '\\' {
+			break
+		}
+		if c < 0x20 {
+			return "", fail(at, "has a raw control character")
+		}
+		if c >= utf8.RuneSelf {
+			ascii = false
+		}
+		d.pos++
+	}
+	buf := []byte(d.data[start:d.pos])
+	for d.pos < len(d.data) {
+		c := d.data[d.pos]
+		switch {
+		case c == '"':
+			d.pos++
+			if !utf8.Valid(buf) {
+				return "", fail(at, "is not valid UTF-8")
+			}
+			return string(buf), nil
+		case c < 0x20:
+			return "", fail(at, "has a raw control character")
+		case c != '\\':
+			buf = append(buf, c)
+			d.pos++
+			continue
+		}
+		d.pos++
+		if d.pos >= len(d.data) {
+			break
+		}
+		e := d.data[d.pos]
+		d.pos++
+		switch e {
+		case '"', '\\', '/':
+			buf = append(buf, e)
+		case 'b':
+			buf = append(buf, '\b')
+		case 'f':
+			buf = append(buf, '\f')
+		case 'n':
+			buf = append(buf, '\n')
+		case 'r':
+			buf = append(buf, '\r')
+		case 't':
+			buf = append(buf, '\t')
+		case 'u':
+			r, ok := d.hex4()
+			if !ok {
+				return "", fail(at, `has a bad \u escape`)
+			}
+			if r >= 0xd800 && r <= 0xdfff {
+				// A high surrogate must be followed by \u and a low one.
+				if r >= 0xdc00 || d.pos+1 >= len(d.data) || d.data[d.pos] != '\\' || d.data[d.pos+1] != 'u' {
+					return "", fail(at, "is not valid UTF-8 (lone surrogate)")
+				}
+				d.pos += 2
+				lo, ok := d.hex4()
+				if !ok || lo < 0xdc00 || lo > 0xdfff {
+					return "", fail(at, "is not valid UTF-8 (lone surrogate)")
+				}
+				r = 0x10000 + (r-0xd800)<<10 + (lo - 0xdc00)
+			}
+			buf = utf8.AppendRune(buf, r)
+		default:
+			return "", fail(at, "has a bad escape")
+		}
+	}
+	return "", fail(at, "unterminated string")
+}
+
+func (d *decoder) hex4() (rune, bool) {
+	if d.pos+4 > len(d.data) {
+		return 0, false
+	}
+	var r rune
+	for k := 0; k < 4; k++ {
+		c := d.data[d.pos+k]
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	d.pos += 4
+	return r, true
+}
+
+// number returns the text of a JSON number (validated by the caller's
+// rules; here only its extent is found).
+func (d *decoder) number(at loc) (string, error) {
+	d.ws()
+	start := d.pos
+	for d.pos < len(d.data) {
+		c := d.data[d.pos]
+		if c >= '0' && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E' {
+			d.pos++
+			continue
+		}
+		break
+	}
+	if d.pos == start {
+		return "", fail(at, "is not a number")
+	}
+	return d.data[start:d.pos], nil
+}
+
+// uint reads a JSON integer >= 0 (no sign, fraction or exponent).
+func (d *decoder) uint(at loc) (uint64, error) {
+	text, err := d.number(at)
+	if err != nil {
+		return 0, err
+	}
+	if len(text) > 1 && text[0] == '0' {
+		return 0, fail(at, strconv.Quote(text)+" is not an integer >= 0")
+	}
+	n, err := strconv.ParseUint(text, 10, 64)
+	if err != nil {
+		return 0, fail(at, strconv.Quote(text)+" is not an integer >= 0 below 2^64")
+	}
+	return n, nil
+}
+
+// skip skips one JSON value, checking that it is well formed.
+func (d *decoder) skip(at loc, depth int) error {
+	if depth > maxSkipDepth {
+		return fail(at, "nests too deep")
+	}
+	switch c := d.peek(); {
+	case c == '"':
+		_, err := d.str(at)
+		return err
+	case c == '{':
+		return d.object(at, func(string) (bool, error) { return true, d.skip(at, depth+1) })
+	case c == '[':
+		d.pos++
+		if d.peek() == ']' {
+			d.pos++
+			return nil
+		}
+		for {
+			if err := d.skip(at, depth+1); err != nil {
+				return err
+			}
+			switch d.peek() {
+			case ',':
+				d.pos++
+			case ']':
+				d.pos++
+				return nil
+			default:
+				return fail(at, "bad array")
+			}
+		}
+	case c == 't':
+		return d.literal(at, "true")
+	case c == 'f':
+		return d.literal(at, "false")
+	case c == 'n':
+		return d.literal(at, "null")
+	case c == '-' || c >= '0' && c <= '9':
+		text, err := d.number(at)
+		if err != nil {
+			return err
+		}
+		if !validJSONNumber(text) {
+			return fail(at, strconv.Quote(text)+" is not a JSON number")
+		}
+		return nil
+	case c == 0:
+		return fail(at, "unexpected end of input")
+	default:
+		return fail(at, "unexpected "+strconv.QuoteRune(rune(c)))
+	}
+}
+
+func (d *decoder) literal(at loc, lit string) error {
+	if !strings.HasPrefix(d.data[d.pos:], lit) {
+		return fail(at, "bad literal")
+	}
+	d.pos += len(lit)
+	return nil
+}
+
+// validJSONNumber reports whether s is a number in JSON's grammar.
+func validJSONNumber(s string) bool {
+	i := 0
+	if i < len(s) && s[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(s) && s[i] == '0':
+		i++
+	case i < len(s) && s[i] >= '1' && s[i] <= '9':
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+	default:
+		return false
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		j := i
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+		if i == j {
+			return false
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			i++
+		}
+		j := i
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+		if i == j {
+			return false
+		}
+	}
+	return i == len(s)
+}
+
+// checkID checks a record id or node name: 1..256 bytes of printable UTF-8.
+func checkID(at loc, s string) error {
+	if s == "" {
+		return fail(at, "is empty")
+	}
+	if len(s) > MaxIDLen {
+		return fail(at, "is "+strconv.Itoa(len(s))+" bytes (at most 256)")
+	}
+	if reason := printable(s); reason != "" {
+		return fail(at, reason)
+	}
+	return nil
+}
+
+// printable returns why s is not printable UTF-8, or "".
+func printable(s string) string {
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c < 0x20 || c == 0x7f {
+				return "has a control character"
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			return "is not valid UTF-8"
+		}
+		if unicode.IsControl(r) {
+			return "has a control character"
+		}
+		i += size
+	}
+	return ""
+}
+
+// checkKey checks a record's limit key: "" or a valid KV key
+// ([-/_=.a-zA-Z0-9], no empty token) of at most 256 bytes.
+func checkKey(at loc, key string) error {
+	switch {
+	case key == "":
+		return nil
+	case len(key) > MaxKeyLen:
+		return fail(at, "is "+strconv.Itoa(len(key))+" bytes (at most 256)")
+	case !ValidKVKey(key):
+		return fail(at, strconv.Quote(key)+" is not a valid KV key")
+	}
+	return nil
+}
+
+// ValidKVKey reports whether s is a valid JetStream KV key: 1 or more of
+// [-/_=.a-zA-Z0-9], without a leading or trailing '.' or an empty token.
+func ValidKVKey(s string) bool {
+	if s == "" || s[0] == '.' || s[len(s)-1] == '.' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '/', c == '_', c == '=':
+		case c == '.':
+			if s[i-1] == '.' {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}

@@ -26,10 +26,11 @@ import (
 // restores them.
 //
 // Every server lists, for each other region, one gateway URL per server of
-// that region: nats-server sizes the JetStream meta group it expects at
-// first start from its routes plus those URLs, so each server expects all
-// the supercluster's servers and no region can elect a meta leader on its
-// own before the gateways connect (deploy/nats/supercluster does the same).
+// that region (a proxy to it): nats-server sizes the JetStream meta group
+// it expects at first start from its routes plus those URLs, so each
+// server expects all the supercluster's servers (deploy/nats/supercluster
+// does the same). One JetStream spans the regions, its meta group all the
+// servers of all of them.
 
 // regionSpec names a region and its number of servers.
 type regionSpec struct {

@@ -166,6 +166,9 @@ func gatewayOptions(cfg EmbeddedConfig) (server.GatewayOpts, error) {
 		return gw, fmt.Errorf("mesh: embedded server: %w: a gateway needs a region (its name)", ErrConfig)
 	}
 	host, port, err := splitHostPort(cfg.GatewayListen)
+	if err == nil && port == 0 {
+		err = errors.New("port 0 (-1 picks a free port)")
+	}
 	if err != nil {
 		return gw, fmt.Errorf("mesh: embedded gateway listen %q: %w: %v", cfg.GatewayListen, ErrConfig, err)
 	}

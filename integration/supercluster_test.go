@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -587,5 +590,182 @@ func TestEmbeddedGatewayConfigErrors(t *testing.T) {
 				t.Fatalf("error %q: want mesh.ErrConfig mentioning %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// superclusterDeploy are the regions of deploy/nats/supercluster, each
+// with its servers' config files <region>-1.conf..<region>-3.conf.
+var superclusterDeploy = []string{"eu", "us"}
+
+// superclusterConfs returns the parsed configs of deploy/nats/supercluster
+// by region, in server order (the test fails if one is missing).
+func superclusterConfs(t *testing.T) map[string][]*natsserver.Options {
+	t.Helper()
+	confs := loadConfs(t)
+	out := map[string][]*natsserver.Options{}
+	for _, r := range superclusterDeploy {
+		for i := 1; i <= 3; i++ {
+			path := fmt.Sprintf("nats/supercluster/%s-%d.conf", r, i)
+			o := confs[path]
+			if o == nil {
+				t.Fatalf("deploy/%s missing or invalid", path)
+			}
+			out[r] = append(out[r], o)
+		}
+	}
+	return out
+}
+
+// TestDeploySupercluster: the two-region configs parse with nats-server's
+// own parser; each region is a cluster named after it whose servers route
+// to exactly its three servers; the gateway of every server has the
+// region's name and lists, for each region, exactly that region's servers
+// at their gateway ports; no server sets a JetStream domain (one
+// JetStream spans the supercluster); and the meta group size each server
+// expects at first start (routes plus the other regions' gateway URLs) is
+// all six servers.
+func TestDeploySupercluster(t *testing.T) {
+	byRegion := superclusterConfs(t)
+	members := func(r string, port func(*natsserver.Options) int) []string {
+		var hp []string
+		for _, o := range byRegion[r] {
+			hp = append(hp, net.JoinHostPort(o.ServerName, strconv.Itoa(port(o))))
+		}
+		slices.Sort(hp)
+		return hp
+	}
+	hosts := func(us []*url.URL) []string {
+		var hp []string
+		for _, u := range us {
+			hp = append(hp, u.Host)
+		}
+		slices.Sort(hp)
+		return hp
+	}
+	total := 0
+	for _, r := range superclusterDeploy {
+		total += len(byRegion[r])
+	}
+	for _, r := range superclusterDeploy {
+		for i, o := range byRegion[r] {
+			name := fmt.Sprintf("%s-%d.conf", r, i+1)
+			if o.Cluster.Name != r || o.Gateway.Name != r {
+				t.Errorf("%s: cluster %q, gateway %q: want both named %q", name, o.Cluster.Name, o.Gateway.Name, r)
+			}
+			if o.Cluster.Port <= 0 || o.Gateway.Port <= 0 {
+				t.Errorf("%s: cluster port %d, gateway port %d", name, o.Cluster.Port, o.Gateway.Port)
+			}
+			if o.JetStreamDomain != "" {
+				t.Errorf("%s: JetStream domain %q: a supercluster shares one JetStream, without a domain", name, o.JetStreamDomain)
+			}
+			want := members(r, func(o *natsserver.Options) int { return o.Cluster.Port })
+			if got := hosts(o.Routes); !slices.Equal(got, want) {
+				t.Errorf("%s: routes %v, want the region's servers %v", name, got, want)
+			}
+			expected := len(o.Routes)
+			listed := map[string]bool{}
+			for _, g := range o.Gateway.Gateways {
+				listed[g.Name] = true
+				if !slices.Contains(superclusterDeploy, g.Name) {
+					t.Errorf("%s: gateway to unknown region %q", name, g.Name)
+					continue
+				}
+				want := members(g.Name, func(o *natsserver.Options) int { return o.Gateway.Port })
+				if got := hosts(g.URLs); !slices.Equal(got, want) {
+					t.Errorf("%s: gateway %s URLs %v, want that region's servers %v", name, g.Name, got, want)
+				}
+				if g.Name != r {
+					expected += len(g.URLs)
+				}
+			}
+			for _, other := range superclusterDeploy {
+				if other != r && !listed[other] {
+					t.Errorf("%s: no gateway to region %s", name, other)
+				}
+			}
+			if expected != total {
+				t.Errorf("%s: expects a meta group of %d servers (routes plus other regions' gateway URLs), the supercluster has %d",
+					name, expected, total)
+			}
+		}
+	}
+}
+
+// TestDeploySuperclusterRuns: the six configs of deploy/nats/supercluster,
+// with every host name moved to loopback, free ports and temporary
+// directories, form the supercluster: gateways connect both ways, one
+// JetStream meta group of all six servers elects a leader, and an R3
+// bucket created from us is placed on the three us servers.
+func TestDeploySuperclusterRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("supercluster test")
+	}
+	byRegion := superclusterConfs(t)
+	// New loopback ports by config host:port (server name and port).
+	moved := map[string]int{}
+	at := func(o *natsserver.Options, port int) string {
+		return net.JoinHostPort(o.ServerName, strconv.Itoa(port))
+	}
+	for _, r := range superclusterDeploy {
+		for _, o := range byRegion[r] {
+			ports := freePorts(t, 2)
+			moved[at(o, o.Cluster.Port)], moved[at(o, o.Gateway.Port)] = ports[0], ports[1]
+		}
+	}
+	move := func(us []*url.URL) []*url.URL {
+		out := make([]*url.URL, len(us))
+		for i, u := range us {
+			p, ok := moved[u.Host]
+			if !ok {
+				t.Fatalf("%s names no server of the supercluster", u)
+			}
+			m := *u
+			m.Host = fmt.Sprintf("127.0.0.1:%d", p)
+			out[i] = &m
+		}
+		return out
+	}
+	sc := &supercluster{}
+	for _, r := range superclusterDeploy {
+		reg := &scRegion{name: r, servers: make([]*natsserver.Server, len(byRegion[r]))}
+		for _, o := range byRegion[r] {
+			c := o.Clone()
+			c.Host, c.Port = "127.0.0.1", -1
+			c.HTTPHost, c.HTTPPort = "127.0.0.1", -1
+			c.StoreDir = t.TempDir()
+			c.NoSigs, c.NoLog = true, true
+			c.Cluster.Host, c.Cluster.Port = "127.0.0.1", moved[at(o, o.Cluster.Port)]
+			c.Gateway.Host, c.Gateway.Port = "127.0.0.1", moved[at(o, o.Gateway.Port)]
+			c.Routes = move(o.Routes)
+			c.Gateway.Gateways = nil
+			for _, g := range o.Gateway.Gateways {
+				c.Gateway.Gateways = append(c.Gateway.Gateways, &natsserver.RemoteGatewayOpts{Name: g.Name, URLs: move(g.URLs)})
+			}
+			reg.opts = append(reg.opts, c)
+		}
+		sc.regions = append(sc.regions, reg)
+	}
+	for _, r := range sc.regions {
+		for i := range r.servers {
+			r.start(t, i)
+		}
+	}
+	sc.waitFormed(t)
+	us := sc.connectRegion(t, "us")
+	js, _ := jetstream.New(us)
+	waitWithin(t, superclusterFormTimeout, "an R3 bucket created from us", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "probe", Replicas: 3})
+		return err == nil
+	})
+	info := streamInfo(t, us, "KV_probe")
+	peers := []string{info.Cluster.Leader}
+	for _, p := range info.Cluster.Replicas {
+		peers = append(peers, p.Name)
+	}
+	slices.Sort(peers)
+	if want := sc.region(t, "us").serverNames(); info.Cluster.Name != "us" || !slices.Equal(peers, want) {
+		t.Fatalf("bucket created from us: cluster %q on %v, want us on %v", info.Cluster.Name, peers, want)
 	}
 }

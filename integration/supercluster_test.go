@@ -354,7 +354,8 @@ func (sc *supercluster) startRegionNode(t *testing.T, name string, i int, cfg me
 // servers) when a region is cut off, the facts leased quota is built on:
 //
 //   - a bucket is placed in the region of the server its creator is
-//     connected to, all three replicas there;
+//     connected to, all three replicas there, unless its placement names
+//     a region (cluster);
 //   - while cut, each region reads and writes its own region's buckets as
 //     before, and cannot reach the other region's (a put gets no response,
 //     a get no responders);
@@ -390,6 +391,18 @@ func TestSuperclusterJetStream(t *testing.T) {
 		if info.Cluster.Name != r || !slices.Equal(peers, names) {
 			t.Fatalf("bucket created from %s: cluster %q on %v, want %q on %v", r, info.Cluster.Name, peers, r, names)
 		}
+	}
+	// A placement names the region explicitly, whoever creates the bucket.
+	jsEU, _ := jetstream.New(ncs["eu"])
+	waitWithin(t, superclusterFormTimeout, "a bucket placed in us created from eu", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := jsEU.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: "placed", Replicas: 3, Placement: &jetstream.Placement{Cluster: "us"}})
+		return err == nil
+	})
+	if c := streamInfo(t, ncs["eu"], "KV_placed").Cluster; c.Name != "us" {
+		t.Fatalf("bucket placed in us from eu lives in %q", c.Name)
 	}
 	for _, c := range []string{"eu", "us"} {
 		js, _ := jetstream.New(ncs[c])

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"regexp"
@@ -41,9 +42,9 @@ type EmbeddedConfig struct {
 	// it needs ClusterListen and Region. Gateways maps region names to
 	// their gateway URLs ("nats://h:p") to connect to; it needs
 	// GatewayListen. An entry for the server's own region is ignored, so
-	// every server of a supercluster can be given the same map; a region
-	// not listed is still joined when it connects first (nats-server
-	// gossips gateways).
+	// every server of a supercluster can be given the same map. List every
+	// server of every region: nats-server sizes the JetStream meta group it
+	// expects at first start from the routes plus the other regions' URLs.
 	Region        string
 	GatewayListen string
 	Gateways      map[string][]string
@@ -173,12 +174,7 @@ func gatewayOptions(cfg EmbeddedConfig) (server.GatewayOpts, error) {
 		return gw, fmt.Errorf("mesh: embedded gateway listen %q: %w: %v", cfg.GatewayListen, ErrConfig, err)
 	}
 	gw = server.GatewayOpts{Name: cfg.Region, Host: host, Port: port}
-	names := make([]string, 0, len(cfg.Gateways))
-	for name := range cfg.Gateways {
-		names = append(names, name)
-	}
-	slices.Sort(names) // a deterministic order of remotes
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(cfg.Gateways)) { // a deterministic order of remotes
 		if err := CheckRegion(name); err != nil {
 			return gw, fmt.Errorf("mesh: embedded server gateways: %w", err)
 		}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,6 +44,14 @@ type serveConfig struct {
 	checkpoint      time.Duration
 	journal         bool
 	asyncInterval   time.Duration
+	region          string
+	gatewayListen   string
+	gateways        listFlag
+
+	// Set by parsing: whether --region was given (flag or environment),
+	// and the --gateways entries by region name.
+	regionSet   bool
+	gatewayURLs map[string][]string
 }
 
 var (
@@ -65,7 +74,7 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 	fs.DurationVar(&c.stateTTL, "state-ttl", time.Hour, "idle limiter state expires after this long")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.clusterListen, "cluster-listen", "", "host:port for routes to other NATS servers (makes the embedded server a cluster member)")
-	fs.StringVar(&c.clusterName, "cluster-name", "limitmesh", "NATS cluster name")
+	fs.StringVar(&c.clusterName, "cluster-name", "", "NATS cluster name (default: the --region when given, else "+mesh.DefaultClusterName+")")
 	fs.StringVar(&c.serverName, "server-name", "", "NATS server name (default: derived from the host and client port)")
 	fs.Var(&c.routes, "routes", "comma-separated routes to other cluster members, e.g. nats://127.0.0.1:6223")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 10*time.Second, "longest a shutdown waits for in-flight decisions")
@@ -75,11 +84,17 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 	fs.DurationVar(&c.checkpoint, "checkpoint-interval", mesh.DefaultCheckpointInterval, "how often journalled state is written to <prefix>_state (at most a quarter of --state-ttl)")
 	fs.DurationVar(&c.asyncInterval, "async-interval", mesh.DefaultAsyncInterval, "write-behind interval of async-mode policies (their overshoot bound grows with it: limitmesh policy explain)")
 	fs.BoolVar(&c.journal, "journal", true, "write state through the state journal (false: one compare-and-swap per key and batch)")
+	fs.StringVar(&c.region, "region", "default", "region of this node; with --gateway-listen the name of the embedded server's cluster and gateway in a NATS supercluster")
+	fs.StringVar(&c.gatewayListen, "gateway-listen", "", "host:port for gateway connections from other regions (joins a NATS supercluster; needs --cluster-listen and --region)")
+	fs.Var(&c.gateways, "gateways", "comma-separated gateways of other regions, name=nats://h:p (one entry per server of a region)")
 	return c, func(args []string) error {
 		if err := parseFlags(fs, args, s); err != nil {
 			return err
 		}
-		fs.Visit(func(f *flag.Flag) { c.prefixSet = c.prefixSet || f.Name == "prefix" })
+		fs.Visit(func(f *flag.Flag) {
+			c.prefixSet = c.prefixSet || f.Name == "prefix"
+			c.regionSet = c.regionSet || f.Name == "region"
+		})
 		if err := c.validate(); err != nil {
 			return &exitError{code: 2, err: err} // a bad flag value, like a parse error
 		}
@@ -111,11 +126,56 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("--node-id %q: must match %s", c.nodeID, nodeIDRE)
 	case c.natsURL == "" && c.dataDir == "":
 		return errors.New("--data must name a directory for the embedded server")
-	case c.natsURL != "" && (c.clusterListen != "" || len(c.routes) > 0):
-		return errors.New("--cluster-listen and --routes configure the embedded server; they cannot be used with --nats-url")
+	case c.natsURL != "" && (c.clusterListen != "" || len(c.routes) > 0 || c.gatewayListen != "" || len(c.gateways) > 0):
+		return errors.New("--cluster-listen, --routes, --gateway-listen and --gateways configure the embedded server; they cannot be used with --nats-url")
 	}
 	if _, err := parseLevel(c.logLevel); err != nil {
 		return err
+	}
+	return c.validateRegion()
+}
+
+// validateRegion checks --region, --gateway-listen and --gateways, and
+// settles the cluster name: --cluster-name when given, else the region
+// when --region is given, else mesh.DefaultClusterName. Both given must
+// name the same cluster: a region's servers form the cluster named after
+// it.
+func (c *serveConfig) validateRegion() error {
+	if mesh.CheckRegion(c.region) != nil {
+		return fmt.Errorf("--region %q: must be 1..32 of a-z, 0-9, '_' and '-', starting with a letter or digit", c.region)
+	}
+	switch {
+	case c.clusterName == "" && c.regionSet:
+		c.clusterName = c.region
+	case c.clusterName == "":
+		c.clusterName = mesh.DefaultClusterName
+	case c.regionSet && c.clusterName != c.region:
+		return fmt.Errorf("--cluster-name %q and --region %q differ: a region's servers form the NATS cluster named after it (give --region alone)", c.clusterName, c.region)
+	}
+	if c.gatewayListen == "" {
+		if len(c.gateways) > 0 {
+			return errors.New("--gateways needs --gateway-listen: a server joins other regions through its own gateway")
+		}
+		return nil
+	}
+	switch {
+	case !validHostPort(c.gatewayListen):
+		return fmt.Errorf("--gateway-listen %q: want host:port with a port 1..65535", c.gatewayListen)
+	case c.clusterListen == "":
+		return errors.New("--gateway-listen needs --cluster-listen: a region is a NATS cluster, and gateways join clusters")
+	case !c.regionSet:
+		return errors.New("--gateway-listen needs --region: the region names this server's cluster and gateway")
+	}
+	c.gatewayURLs = map[string][]string{}
+	for _, e := range c.gateways {
+		name, u, ok := strings.Cut(e, "=")
+		if !ok || mesh.CheckRegion(name) != nil {
+			return fmt.Errorf("--gateways entry %q: want region=nats://host:port with a region name of a-z, 0-9, '_' and '-'", e)
+		}
+		if _, err := mesh.ParseGatewayURL(u); err != nil {
+			return fmt.Errorf("--gateways entry %q: want region=nats://host:port (port 1..65535)", e)
+		}
+		c.gatewayURLs[name] = append(c.gatewayURLs[name], u)
 	}
 	return nil
 }
@@ -158,6 +218,16 @@ func (c *serveConfig) tenantBinder(ctx context.Context, nc *nats.Conn, secured *
 		return nil, fmt.Errorf("--creds: cannot bind tenants to their accounts (a deployment of `limitmesh auth init` gives the node the account lookup it needs): %v", err)
 	}
 	return b, nil
+}
+
+// validHostPort reports whether hp is host:port with a port 1..65535.
+func validHostPort(hp string) bool {
+	_, ps, err := net.SplitHostPort(hp)
+	if err != nil {
+		return false
+	}
+	p, err := strconv.Atoi(ps)
+	return err == nil && p >= 1 && p <= 65535
 }
 
 func parseLevel(s string) (slog.Level, error) {
@@ -204,6 +274,9 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 			ClusterName:   c.clusterName,
 			ClusterListen: c.clusterListen,
 			Routes:        c.routes,
+			Region:        regionIf(c.regionSet, c.region),
+			GatewayListen: c.gatewayListen,
+			Gateways:      c.gatewayURLs,
 			Logger:        log,
 		}
 		if secured != nil {
@@ -222,7 +295,8 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		if err != nil {
 			return fmt.Errorf("connect to the embedded NATS server: %v", err)
 		}
-		log.Info("embedded NATS server started", "listen", c.natsListen, "data", c.dataDir, "secured", secured != nil)
+		log.Info("embedded NATS server started", "listen", c.natsListen, "data", c.dataDir,
+			"cluster", c.clusterName, "gateway", c.gatewayListen, "secured", secured != nil)
 	} else {
 		nc, err = connectNATS(c.natsURL, "limitmesh-node", c.creds, 5*time.Second, nats.MaxReconnects(-1))
 		if err != nil {
@@ -269,7 +343,7 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		}
 	}()
 	log.Info("limitmesh serving",
-		"subject", c.prefix+".v1.decide", "http", hl.Addr().String(), "version", Version)
+		"subject", c.prefix+".v1.decide", "http", hl.Addr().String(), "region", c.region, "version", Version)
 
 	<-ctx.Done()
 	log.Info("draining")
@@ -334,6 +408,15 @@ func waitJetStream(ctx context.Context, emb *mesh.Embedded, log *slog.Logger) {
 		case <-t.C:
 		}
 	}
+}
+
+// regionIf returns region when it was given and "" otherwise (the embedded
+// server then keeps its cluster name as settled by validateRegion).
+func regionIf(given bool, region string) string {
+	if given {
+		return region
+	}
+	return ""
 }
 
 // redactURL hides a password in a NATS URL before it is printed.

@@ -14,6 +14,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // freeAddr returns a loopback address with a port nobody listens on now,
@@ -157,4 +160,220 @@ func TestServeEndToEnd(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve did not stop after the signal")
 	}
+}
+
+// TestServeRegionFlags: --region, --gateway-listen and --gateways (and
+// their LIMITMESH_* variables) settle the region, the cluster name and
+// the gateway map: the region names the cluster unless --cluster-name is
+// given, and a flag wins over its variable.
+func TestServeRegionFlags(t *testing.T) {
+	cases := []struct {
+		name           string
+		env, args      []string
+		region, clustr string
+		gateways       map[string][]string
+	}{
+		{"defaults", nil, nil, "default", "limitmesh", nil},
+		{"region names the cluster", nil, []string{"--region", "eu"}, "eu", "eu", nil},
+		{"region from the environment", []string{"LIMITMESH_REGION=us"}, nil, "us", "us", nil},
+		{"flag wins over variable", []string{"LIMITMESH_REGION=us"}, []string{"--region", "eu"}, "eu", "eu", nil},
+		{"cluster name alone", nil, []string{"--cluster-name", "lm"}, "default", "lm", nil},
+		{"both, equal", nil, []string{"--cluster-name", "eu", "--region", "eu"}, "eu", "eu", nil},
+		{"gateways from the environment",
+			[]string{"LIMITMESH_GATEWAY_LISTEN=127.0.0.1:7222",
+				"LIMITMESH_GATEWAYS=eu=nats://10.0.0.1:7222, us=nats://10.1.0.1:7222,us=nats://10.1.0.2:7222"},
+			[]string{"--region", "eu", "--cluster-listen", "127.0.0.1:6222"},
+			"eu", "eu", map[string][]string{
+				"eu": {"nats://10.0.0.1:7222"},
+				"us": {"nats://10.1.0.1:7222", "nats://10.1.0.2:7222"},
+			}},
+		{"gateway listen without remotes", nil,
+			[]string{"--region", "us", "--cluster-listen", "127.0.0.1:6222", "--gateway-listen", "0.0.0.0:7222"},
+			"us", "us", map[string][]string{}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := stdio{err: new(bytes.Buffer), env: parseEnv(tc.env)}
+			c, parse := serveFlags(s)
+			if err := parse(tc.args); err != nil {
+				t.Fatalf("parse: %v (%s)", err, s.err)
+			}
+			if c.region != tc.region || c.clusterName != tc.clustr {
+				t.Errorf("region %q, cluster %q; want %q, %q", c.region, c.clusterName, tc.region, tc.clustr)
+			}
+			if fmt.Sprint(c.gatewayURLs) != fmt.Sprint(tc.gateways) {
+				t.Errorf("gateways %v, want %v", c.gatewayURLs, tc.gateways)
+			}
+		})
+	}
+}
+
+// TestServeRegionBadFlags: invalid region and gateway settings exit 2 with
+// one line naming the flag.
+func TestServeRegionBadFlags(t *testing.T) {
+	gw := []string{"serve", "--region", "eu", "--cluster-listen", "127.0.0.1:6222", "--gateway-listen", "127.0.0.1:7222"}
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"bad region", nil, []string{"serve", "--region", "EU West"}, "--region"},
+		{"bad region from env", []string{"LIMITMESH_REGION=eu.west"}, []string{"serve"}, "--region"},
+		{"cluster name and region differ", nil, []string{"serve", "--cluster-name", "lm", "--region", "eu"}, "differ"},
+		{"gateway listen without port", nil, []string{"serve", "--region", "eu", "--cluster-listen", "127.0.0.1:6222", "--gateway-listen", "127.0.0.1"}, "--gateway-listen"},
+		{"gateway listen port 0", nil, []string{"serve", "--region", "eu", "--cluster-listen", "127.0.0.1:6222", "--gateway-listen", "127.0.0.1:0"}, "--gateway-listen"},
+		{"gateway without a cluster", nil, []string{"serve", "--region", "eu", "--gateway-listen", "127.0.0.1:7222"}, "needs --cluster-listen"},
+		{"gateway without a region", nil, []string{"serve", "--cluster-listen", "127.0.0.1:6222", "--gateway-listen", "127.0.0.1:7222"}, "needs --region"},
+		{"gateways without a listener", nil, []string{"serve", "--region", "eu", "--gateways", "us=nats://h:7222"}, "--gateways needs --gateway-listen"},
+		{"gateway with url", nil, []string{"serve", "--nats-url", "nats://x:1", "--gateway-listen", "127.0.0.1:7222"}, "--gateway-listen"},
+		{"entry without name", nil, append(gw, "--gateways", "nats://h:7222"), "--gateways entry"},
+		{"entry with empty name", nil, append(gw, "--gateways", "=nats://h:7222"), "--gateways entry"},
+		{"entry with bad name", nil, append(gw, "--gateways", "U.S=nats://h:7222"), "--gateways entry"},
+		{"entry without URL", nil, append(gw, "--gateways", "us="), "--gateways entry"},
+		{"entry with another scheme", nil, append(gw, "--gateways", "us=http://h:7222"), "--gateways entry"},
+		{"entry without port", nil, append(gw, "--gateways", "us=nats://h"), "--gateways entry"},
+		{"entry with port out of range", nil, append(gw, "--gateways", "us=nats://h:99999"), "--gateways entry"},
+		{"bad entry from env", []string{"LIMITMESH_GATEWAYS=us=nats://h:1,us"}, gw, "--gateways entry"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := run(t, tc.env, tc.args...)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2; stderr: %s", code, stderr)
+			}
+			if !strings.Contains(stderr, tc.want) || strings.Count(stderr, "\n") != 1 {
+				t.Errorf("stderr %q: want one line mentioning %q", stderr, tc.want)
+			}
+		})
+	}
+}
+
+// TestServeTwoRegions runs two `limitmesh serve` nodes, each with its own
+// embedded server forming a one-server region (eu and us) joined by
+// gateways, both given the same --gateways list: a policy put through eu
+// applies in us, and decisions through either region's server spend the
+// same global burst.
+func TestServeTwoRegions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("supercluster test")
+	}
+	regions := []string{"eu", "us"}
+	natsAddr, httpAddr, route, gw := map[string]string{}, map[string]string{}, map[string]string{}, map[string]string{}
+	var gateways []string
+	for _, r := range regions {
+		natsAddr[r], httpAddr[r], route[r], gw[r] = freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+		gateways = append(gateways, r+"=nats://"+gw[r])
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	exits := map[string]chan int{}
+	stderrs := map[string]*syncBuffer{}
+	for _, r := range regions {
+		exits[r], stderrs[r] = make(chan int, 1), &syncBuffer{}
+		args := []string{"serve", "--data", t.TempDir(), "--nats-listen", natsAddr[r], "--http", httpAddr[r],
+			"--server-name", r + "-1", "--cluster-listen", route[r], "--routes", "nats://" + route[r],
+			"--gateway-listen", gw[r]}
+		env := []string{"LIMITMESH_REGION=" + r, "LIMITMESH_GATEWAYS=" + strings.Join(gateways, ",")}
+		go func() {
+			exits[r] <- Main(ctx, args, env, strings.NewReader(""), &bytes.Buffer{}, stderrs[r])
+		}()
+	}
+	for _, r := range regions {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			resp, err := httpGet("http://" + httpAddr[r] + "/readyz")
+			if err == nil && resp == 200 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not ready; stderr:\n%s", r, stderrs[r].String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if !strings.Contains(stderrs[r].String(), "region="+r) {
+			t.Errorf("%s: the serving log line does not name the region:\n%s", r, stderrs[r].String())
+		}
+	}
+	// One JetStream across the regions: both servers see the same policy
+	// bucket, placed in one region.
+	leaders := map[string]string{}
+	for _, r := range regions {
+		nc, err := nats.Connect("nats://" + natsAddr[r])
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _ := jetstream.New(nc)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		st, err := js.Stream(ctx, "KV_rl_policies")
+		if err != nil {
+			t.Fatalf("%s: %v", r, err)
+		}
+		info, err := st.Info(ctx)
+		cancel()
+		nc.Close()
+		if err != nil || info.Cluster == nil {
+			t.Fatalf("%s: stream info %v %+v", r, err, info)
+		}
+		leaders[r] = info.Cluster.Name + "/" + info.Cluster.Leader
+	}
+	if leaders["eu"] != leaders["us"] {
+		t.Fatalf("the regions see different policy buckets: %v", leaders)
+	}
+	t.Logf("the policy bucket lives at %s", leaders["eu"])
+	envOf := func(r string) []string { return []string{"LIMITMESH_NATS_URL=nats://" + natsAddr[r]} }
+	policy := filepath.Join(t.TempDir(), "acme.json")
+	os.WriteFile(policy, []byte(`{"match":{"tenant":"acme"},"limits":[{"algorithm":"token_bucket","rate":"1/h","burst":2}]}`), 0o644)
+	if code, out, errs := run(t, envOf("eu"), "policy", "put", "acme", policy); code != 0 {
+		t.Fatalf("policy put through eu: exit %d %q %q", code, out, errs)
+	}
+	decide := func(r string, dry bool) map[string]any {
+		t.Helper()
+		args := []string{"decide", "-d", "tenant=acme"}
+		if dry {
+			args = append(args, "--dry-run")
+		}
+		code, out, errs := run(t, envOf(r), args...)
+		if code != 0 {
+			t.Fatalf("decide through %s: exit %d %q %q", r, code, out, errs)
+		}
+		var reply map[string]any
+		if err := json.Unmarshal([]byte(out), &reply); err != nil {
+			t.Fatalf("decide printed %q: %v", out, err)
+		}
+		return reply
+	}
+	for _, r := range regions {
+		waitFor(t, "the policy applies through "+r, func() bool { return decide(r, true)["policy"] == "acme" })
+	}
+	admitted := 0
+	for _, r := range []string{"us", "eu", "us", "eu"} {
+		if decide(r, false)["allowed"] == true {
+			admitted++
+		}
+	}
+	if admitted != 2 {
+		t.Fatalf("4 decisions through both regions admitted %d, want the burst of 2", admitted)
+	}
+	cancel()
+	for _, r := range regions {
+		select {
+		case code := <-exits[r]:
+			if code != 0 {
+				t.Fatalf("%s exited %d; stderr:\n%s", r, code, stderrs[r].String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s did not stop", r)
+		}
+	}
+}
+
+// httpGet returns the status code of a GET.
+func httpGet(url string) (int, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }

@@ -59,7 +59,7 @@ func limitKey(t *testing.T, tenant string) string {
 
 // storedUnits reads the whole units of the first limit in key's latest
 // durable record (journalled or in the state bucket: mesh.ReadStateRecord;
-// docs/protocol.md: version, policy, revision, states), or -1 when the
+// docs/protocol.md: format, policy, revision, version, states), or -1 when the
 // key has none.
 func storedUnits(t *testing.T, nc *nats.Conn, key string) int64 {
 	t.Helper()
@@ -76,12 +76,16 @@ func storedUnits(t *testing.T, nc *nats.Conn, key string) int64 {
 		t.Fatal(err)
 	}
 	r := bytes.NewReader(val)
-	if v, _ := r.ReadByte(); v != 1 {
-		t.Fatalf("record version %d", v)
+	format, _ := r.ReadByte()
+	if format != 1 && format != 2 {
+		t.Fatalf("record format %d", format)
 	}
 	n, _ := binenc.ReadUvarint(r)
 	r.Seek(int64(n), 1)
 	binenc.ReadUvarint(r) // revision
+	if format == 2 {
+		binenc.ReadUvarint(r) // the record's version
+	}
 	n, _ = binenc.ReadUvarint(r)
 	st := make([]byte, n)
 	r.Read(st)

@@ -1,0 +1,232 @@
+package usage
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/limitmesh/limitmesh/policies"
+)
+
+func desc(t testing.TB, kv ...string) policies.Descriptor {
+	var dims []policies.Dim
+	for i := 0; i < len(kv); i += 2 {
+		dims = append(dims, policies.Dim{Name: kv[i], Value: kv[i+1]})
+	}
+	d, err := policies.NewDescriptor(dims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// The contract's example message decodes to the record it shows.
+func TestDecodeContractExample(t *testing.T) {
+	const msg = `{"node": "n1", "policy": "acme-search",
+ "records": [{"id": "n1.7.000123", "t_us": 1764752400123456, "revision": 12,
+              "key": "p.acme-search.operation=search.plan=v7.tenant=acme",
+              "descriptor": {"tenant": "acme", "operation": "search", "plan": "v7"},
+              "cost": 3, "result": "allowed", "request_id": "7f1c2e"}]}`
+	b, err := DecodeBatch([]byte(msg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Batch{Node: "n1", Policy: "acme-search", Records: []Record{{
+		ID: "n1.7.000123", TimeUs: 1764752400123456, Revision: 12,
+		Key:        "p.acme-search.operation=search.plan=v7.tenant=acme",
+		Descriptor: desc(t, "operation", "search", "plan", "v7", "tenant", "acme"),
+		Cost:       3_000_000, Allowed: true, RequestID: "7f1c2e",
+	}}}
+	if !reflect.DeepEqual(b, want) {
+		t.Fatalf("got %+v\nwant %+v", b, want)
+	}
+}
+
+// AppendBatch writes the contract's JSON byte for byte, and it is JSON.
+func TestAppendBatchGolden(t *testing.T) {
+	b := Batch{Node: "n1", Policy: "acme-search", Records: []Record{
+		{ID: "n1.7.1", TimeUs: 1764752400123456, Revision: 12, Key: "p.acme-search.tenant=acme",
+			Descriptor: desc(t, "tenant", "acme", "note", "a \"q\" \\ é/"), Cost: 2_500_000, Allowed: true, RequestID: "r1"},
+		{ID: "n1.7.j9.0", TimeUs: 5, Revision: 12, Key: "p.acme-search.tenant=acme",
+			Descriptor: desc(t, "tenant", "acme"), Cost: 1, Allowed: false},
+	}}
+	got := string(AppendBatch(nil, &b))
+	want := `{"node":"n1","policy":"acme-search","records":[` +
+		`{"id":"n1.7.1","t_us":1764752400123456,"revision":12,"key":"p.acme-search.tenant=acme","descriptor":{"note":"a \"q\" \\ é/","tenant":"acme"},"cost":2.5,"result":"allowed","request_id":"r1"},` +
+		`{"id":"n1.7.j9.0","t_us":5,"revision":12,"key":"p.acme-search.tenant=acme","descriptor":{"tenant":"acme"},"cost":0.000001,"result":"denied"}]}`
+	if got != want {
+		t.Fatalf("got\n%s\nwant\n%s", got, want)
+	}
+	if !json.Valid([]byte(got)) {
+		t.Fatal("not JSON")
+	}
+	back, err := DecodeBatch([]byte(got))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, b) {
+		t.Fatalf("round trip: got %+v\nwant %+v", back, b)
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	rec := func(fields string) string {
+		return `{"node":"n1","policy":"p","records":[{` + fields + `}]}`
+	}
+	const ok = `"id":"a","t_us":1,"revision":1,"key":"p.p","descriptor":{"t":"x"},"cost":1,"result":"allowed"`
+	if _, err := DecodeBatch([]byte(rec(ok))); err != nil {
+		t.Fatalf("base case rejected: %v", err)
+	}
+	cases := []struct{ name, in, path string }{
+		{"not json", `hello`, ""},
+		{"empty", ``, ""},
+		{"array", `[]`, ""},
+		{"trailing", rec(ok) + `{}`, ""},
+		{"no node", `{"policy":"p","records":[]}`, "node"},
+		{"empty node", `{"node":"","policy":"p","records":[]}`, "node"},
+		{"no policy", `{"node":"n","records":[]}`, "policy"},
+		{"bad policy", `{"node":"n","policy":"Bad","records":[]}`, "policy"},
+		{"no records", `{"node":"n","policy":"p"}`, "records"},
+		{"records not array", `{"node":"n","policy":"p","records":{}}`, "records"},
+		{"node twice", `{"node":"n","node":"m","policy":"p","records":[]}`, "node"},
+		{"missing id", rec(strings.Replace(ok, `"id":"a",`, ``, 1)), "records[0].id"},
+		{"empty id", rec(strings.Replace(ok, `"id":"a"`, `"id":""`, 1)), "records[0].id"},
+		{"long id", rec(strings.Replace(ok, `"id":"a"`, `"id":"`+strings.Repeat("a", 257)+`"`, 1)), "records[0].id"},
+		{"control id", rec(strings.Replace(ok, `"id":"a"`, `"id":"a\u0001"`, 1)), "records[0].id"},
+		{"negative t_us", rec(strings.Replace(ok, `"t_us":1`, `"t_us":-1`, 1)), "records[0].t_us"},
+		{"fractional t_us", rec(strings.Replace(ok, `"t_us":1`, `"t_us":1.5`, 1)), "records[0].t_us"},
+		{"string t_us", rec(strings.Replace(ok, `"t_us":1`, `"t_us":"1"`, 1)), "records[0].t_us"},
+		{"huge t_us", rec(strings.Replace(ok, `"t_us":1`, `"t_us":9223372036854775808`, 1)), "records[0].t_us"},
+		{"huge revision", rec(strings.Replace(ok, `"revision":1`, `"revision":18446744073709551616`, 1)), "records[0].revision"},
+		{"empty key", rec(strings.Replace(ok, `"key":"p.p"`, `"key":""`, 1)), "records[0].key"},
+		{"bad key", rec(strings.Replace(ok, `"key":"p.p"`, `"key":"p..p"`, 1)), "records[0].key"},
+		{"space key", rec(strings.Replace(ok, `"key":"p.p"`, `"key":"p p"`, 1)), "records[0].key"},
+		{"unmatched with key", `{"node":"n","policy":"","records":[{` + ok + `}]}`, "records[0].key"},
+		{"empty descriptor", rec(strings.Replace(ok, `{"t":"x"}`, `{}`, 1)), "records[0].descriptor"},
+		{"bad dim", rec(strings.Replace(ok, `{"t":"x"}`, `{"T":"x"}`, 1)), "records[0].descriptor"},
+		{"dup dim", rec(strings.Replace(ok, `{"t":"x"}`, `{"t":"x","t":"y"}`, 1)), "records[0].descriptor.t"},
+		{"empty value", rec(strings.Replace(ok, `{"t":"x"}`, `{"t":""}`, 1)), "records[0].descriptor.t"},
+		{"number value", rec(strings.Replace(ok, `{"t":"x"}`, `{"t":1}`, 1)), "records[0].descriptor.t"},
+		{"zero cost", rec(strings.Replace(ok, `"cost":1`, `"cost":0`, 1)), "records[0].cost"},
+		{"negative cost", rec(strings.Replace(ok, `"cost":1`, `"cost":-1`, 1)), "records[0].cost"},
+		{"7 decimals", rec(strings.Replace(ok, `"cost":1`, `"cost":0.0000001`, 1)), "records[0].cost"},
+		{"exponent", rec(strings.Replace(ok, `"cost":1`, `"cost":1e3`, 1)), "records[0].cost"},
+		{"too costly", rec(strings.Replace(ok, `"cost":1`, `"cost":1000000001`, 1)), "records[0].cost"},
+		{"string cost", rec(strings.Replace(ok, `"cost":1`, `"cost":"1"`, 1)), "records[0].cost"},
+		{"bad result", rec(strings.Replace(ok, `"allowed"`, `"maybe"`, 1)), "records[0].result"},
+		{"long request_id", rec(ok + `,"request_id":"` + strings.Repeat("r", 129) + `"`), "records[0].request_id"},
+		{"lone surrogate", rec(strings.Replace(ok, `"id":"a"`, `"id":"\ud800"`, 1)), "records[0].id"},
+		{"invalid utf8", rec(strings.Replace(ok, `"id":"a"`, "\"id\":\"\xff\"", 1)), "records[0].id"},
+		{"deep unknown", rec(ok + `,"x":` + strings.Repeat("[", 100) + strings.Repeat("]", 100)), "records[0].x"},
+		{"bad unknown", rec(ok + `,"x":01`), "records[0].x"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := DecodeBatch([]byte(c.in))
+			if err == nil {
+				t.Fatalf("accepted %s", c.in)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("%v does not match ErrInvalid", err)
+			}
+			var de *decodeError
+			if !errors.As(err, &de) || !strings.HasPrefix(de.path, c.path) {
+				t.Fatalf("error %v: path %q, want prefix %q", err, de.path, c.path)
+			}
+		})
+	}
+}
+
+// Unknown fields are skipped; the unmatched form is accepted.
+func TestDecodeAccepts(t *testing.T) {
+	in := `{"x":[1,{"y":null}],"node":"n","policy":"","records":[{"id":"n.b.1","t_us":0,"revision":0,"key":"",` +
+		`"descriptor":{"a":"ü \u00e9 \ud83d\ude00"},"cost":0.5,"result":"denied","new":true}], "z": -1.5e3}`
+	b, err := DecodeBatch([]byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Records) != 1 || b.Records[0].Descriptor[0].Value != "ü é 😀" || b.Records[0].Cost != 500_000 || b.Records[0].Allowed {
+		t.Fatalf("got %+v", b)
+	}
+}
+
+func FuzzDecodeBatch(f *testing.F) {
+	f.Add([]byte(`{"node":"n1","policy":"acme-search","records":[{"id":"n1.7.1","t_us":1764752400123456,"revision":12,"key":"p.acme-search.tenant=acme","descriptor":{"tenant":"acme"},"cost":2.5,"result":"allowed","request_id":"r1"}]}`))
+	f.Add([]byte(`{"node":"n","policy":"","records":[{"id":"x","t_us":0,"revision":0,"key":"","descriptor":{"a":"\u0041\ud83d\ude00"},"cost":1,"result":"denied","q":[{}]}]}`))
+	f.Add([]byte(`{"node":"n","policy":"p","records":[]}`))
+	f.Add([]byte(`{"node":"\u0000","policy":"p","records":[{"cost":1e1}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, err := DecodeBatch(data)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not match ErrInvalid", err)
+			}
+			return
+		}
+		// What decodes encodes to JSON that decodes to the same batch.
+		enc := AppendBatch(nil, &b)
+		if !json.Valid(enc) {
+			t.Fatalf("encoding is not JSON: %s", enc)
+		}
+		back, err := DecodeBatch(enc)
+		if err != nil {
+			t.Fatalf("re-decode of %s: %v", enc, err)
+		}
+		if !reflect.DeepEqual(back, b) {
+			t.Fatalf("round trip:\n%+v\n%+v", back, b)
+		}
+		// encoding/json agrees on the top-level shape.
+		var shape struct {
+			Node    string            `json:"node"`
+			Policy  string            `json:"policy"`
+			Records []json.RawMessage `json:"records"`
+		}
+		if err := json.Unmarshal(data, &shape); err != nil {
+			t.Fatalf("accepted what encoding/json rejects (%v): %q", err, data)
+		}
+		if shape.Node != b.Node || shape.Policy != b.Policy || len(shape.Records) != len(b.Records) {
+			t.Fatalf("encoding/json reads %+v, DecodeBatch %+v", shape, b)
+		}
+	})
+}
+
+func TestJournalIDs(t *testing.T) {
+	id := JournalID("n1", "ab12", 42, 7)
+	if id != "n1.ab12.j42.7" {
+		t.Fatal(id)
+	}
+	origin, pos, ok := ParseJournalID(id)
+	if !ok || origin != "n1.ab12" || pos != (JournalPos{42, 7}) {
+		t.Fatalf("%q %v %v", origin, pos, ok)
+	}
+	for _, bad := range []string{OrdinaryID("n1", "ab12", 3), "j1.2", "a.j.1", "a.jx.1", "a.j1.", "a.j1.-1", ".j1.2", "a.j1.4294967296", "a.j18446744073709551616.0"} {
+		if _, _, ok := ParseJournalID(bad); ok {
+			t.Errorf("ParseJournalID(%q) accepted", bad)
+		}
+	}
+	if !(JournalPos{1, 9}).Less(JournalPos{2, 0}) || !(JournalPos{2, 0}).Less(JournalPos{2, 1}) || (JournalPos{2, 1}).Less(JournalPos{2, 1}) {
+		t.Fatal("Less")
+	}
+	if b := NewBoot(); !validToken(b) || isJournalToken(b) {
+		t.Fatal(b)
+	}
+}
+
+func TestNames(t *testing.T) {
+	if StreamName("rl") != "RL_USAGE" || Subject("rl", "acme") != "rl.usage.acme" || Subject("rl", "") != "rl.usage._" ||
+		LedgerBucket("rl") != "rl_ledger" || Subjects("rl") != "rl.usage.>" {
+		t.Fatal("names")
+	}
+	for subj, want := range map[string]string{"rl.usage.acme": "acme", "rl.usage._": ""} {
+		if p, ok := PolicyOfSubject("rl", subj); !ok || p != want {
+			t.Errorf("%s: %q %v", subj, p, ok)
+		}
+	}
+	for _, subj := range []string{"rl.usage.", "rl.usage.a.b", "x.usage.a"} {
+		if _, ok := PolicyOfSubject("rl", subj); ok {
+			t.Errorf("%s accepted", subj)
+		}
+	}
+}

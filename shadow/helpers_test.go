@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/limitmesh/limitmesh/policies"
+	"github.com/limitmesh/limitmesh/usage"
 )
 
 // t0 is the start of the test timelines: a realistic instant in Unix
@@ -41,6 +42,6 @@ func desc(t testing.TB, kv ...string) policies.Descriptor {
 }
 
 // rec builds a record at t0+atUs of cost units with the live result.
-func rec(d policies.Descriptor, atUs, cost int64, allowed bool) usageRecord {
-	return usageRecord{TimeUs: t0 + atUs, Descriptor: d, Cost: cost * unit, Allowed: allowed}
+func rec(d policies.Descriptor, atUs, cost int64, allowed bool) usage.Record {
+	return usage.Record{TimeUs: t0 + atUs, Descriptor: d, Cost: cost * unit, Allowed: allowed}
 }

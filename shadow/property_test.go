@@ -10,6 +10,7 @@ import (
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
+	"github.com/limitmesh/limitmesh/usage"
 	"pgregory.net/rapid"
 )
 
@@ -71,9 +72,9 @@ func genCandidates(t *rapid.T) []*policies.Policy {
 // genRecords draws up to n records: descriptors over a few values
 // (sometimes lacking a dimension), times mostly forward with some steps
 // back, costs of 0.5 to 3 units, random live results.
-func genRecords(t *rapid.T, n int) []usageRecord {
+func genRecords(t *rapid.T, n int) []usage.Record {
 	count := rapid.IntRange(0, n).Draw(t, "records")
-	out := make([]usageRecord, 0, count)
+	out := make([]usage.Record, 0, count)
 	at := t0
 	for i := 0; i < count; i++ {
 		var dims []policies.Dim
@@ -91,14 +92,14 @@ func genRecords(t *rapid.T, n int) []usageRecord {
 		}
 		at += rapid.OneOf(rapid.Just(int64(0)), rapid.Int64Range(0, 400_000), rapid.Int64Range(-300_000, 0), rapid.Int64Range(0, 5_000_000)).Draw(t, "gap")
 		cost := rapid.SampledFrom([]int64{unit / 2, unit, unit, unit, 2 * unit, 3 * unit}).Draw(t, "cost")
-		out = append(out, usageRecord{TimeUs: at, Descriptor: d, Cost: cost, Allowed: rapid.Bool().Draw(t, "live")})
+		out = append(out, usage.Record{TimeUs: at, Descriptor: d, Cost: cost, Allowed: rapid.Bool().Draw(t, "live")})
 	}
 	return out
 }
 
 // naiveReplay is the straightforward evaluation the Replay must agree
 // with: every candidate, every record, unbounded maps, nothing clever.
-func naiveReplay(cands []*policies.Policy, recs []usageRecord) map[string]Summary {
+func naiveReplay(cands []*policies.Policy, recs []usage.Record) map[string]Summary {
 	out := map[string]Summary{}
 	for _, p := range cands {
 		s := Summary{Policy: p.Name, Revision: p.Revision}

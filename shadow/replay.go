@@ -7,6 +7,7 @@ import (
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
+	"github.com/limitmesh/limitmesh/usage"
 )
 
 // DefaultMaxKeys is the default number of limit keys one candidate keeps
@@ -138,7 +139,7 @@ func (r *Replay) newCandidate(p *policies.Policy) *candidate {
 // Apply evaluates one record against every candidate that matches its
 // descriptor. rec.Descriptor must be valid and sorted (as
 // usage.DecodeBatch returns it) and rec.Cost > 0.
-func (r *Replay) Apply(rec *usageRecord) {
+func (r *Replay) Apply(rec *usage.Record) {
 	now := usToNs(rec.TimeUs)
 	for _, c := range r.cands {
 		if !matches(c.p, rec.Descriptor) {
@@ -155,7 +156,7 @@ func (r *Replay) Apply(rec *usageRecord) {
 }
 
 // apply decides rec against key's state and counts the outcome.
-func (c *candidate) apply(maxKeys int, key []byte, rec *usageRecord, now int64) {
+func (c *candidate) apply(maxKeys int, key []byte, rec *usage.Record, now int64) {
 	ks := c.keys[string(key)]
 	overflow := false
 	if ks == nil {

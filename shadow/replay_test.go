@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"reflect"
 	"testing"
+
+	"github.com/limitmesh/limitmesh/usage"
 )
 
 const acmeV2 = `{"match": {"tenant": "acme", "operation": "search"},
@@ -20,7 +22,7 @@ func TestReplaySteps(t *testing.T) {
 	acme := desc(t, "tenant", "acme", "operation", "search", "plan", "v7")
 	other := desc(t, "tenant", "birch", "operation", "search")
 	steps := []struct {
-		rec       usageRecord
+		rec       usage.Record
 		wouldDeny bool // expected candidate decision
 	}{
 		{rec(acme, 0, 1, true), false},           // 2 -> 1
@@ -126,7 +128,7 @@ func TestReplayUnmatchedAndSkipped(t *testing.T) {
 		"limits": [{"algorithm": "fixed_window", "limit": 1, "window": "1m"}], "shadow": true}`)
 	r := NewReplay(Options{})
 	r.SetCandidates([]*policyT{wide, narrow})
-	recs := []usageRecord{
+	recs := []usage.Record{
 		rec(desc(t, "service", "api", "user", "u1"), 0, 1, true),
 		rec(desc(t, "service", "api", "user", "u1"), 1, 1, true),
 		rec(desc(t, "service", "api", "user", "u1"), 2, 1, true),

@@ -54,6 +54,7 @@ func commands() []command {
 		{"policy", "put, get, list, validate, history or roll back policies", runPolicy},
 		{"demo", "the Acme story: one global limit against six local buckets", runDemo},
 		{"bench", "drive a node or cluster with load and measure it against raw NATS", runBench},
+		{"shadow", "report, promote or backtest shadow candidates", runShadow},
 		{"version", "print the version", func(_ context.Context, _ []string, s stdio) error {
 			fmt.Fprintln(s.out, "limitmesh", Version)
 			return nil

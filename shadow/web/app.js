@@ -83,6 +83,21 @@
     return wrap;
   }
 
+  const SHOWN = 8; // top keys shown before "more"
+
+  function keyTable(rows, max) {
+    const body = el("tbody");
+    for (const k of rows) {
+      const bar = el("div", { class: "barfill" });
+      bar.style.width = (100 * k.would_deny / max).toFixed(1) + "%"; // CSSOM: allowed by the page's CSP
+      body.append(el("tr", { "data-key": k.key },
+        el("td", { class: "key" }, k.key),
+        el("td", { class: "num", "data-field": "key_would_deny" }, fmt(k.would_deny)),
+        el("td", { class: "bar" }, bar)));
+    }
+    return el("table", {}, el("colgroup", {}, el("col", { class: "c-key" }), el("col", { class: "c-num" }), el("col", { class: "c-bar" })), body);
+  }
+
   function keys(s) {
     const top = s.top_denied || [];
     const box = el("div", { class: "keys" }, el("h3", {}, "Top denied keys"));
@@ -91,14 +106,12 @@
       return box;
     }
     const max = top[0].would_deny || 1;
-    const body = el("tbody");
-    for (const k of top) {
-      body.append(el("tr", { "data-key": k.key },
-        el("td", { class: "key" }, k.key),
-        el("td", { class: "num", "data-field": "key_would_deny" }, fmt(k.would_deny)),
-        el("td", { class: "bar" }, el("div", { class: "barfill", style: `width:${(100 * k.would_deny / max).toFixed(1)}%` }))));
+    box.append(el("div", { class: "thead" }, el("span", {}, "key"), el("span", {}, "would deny")));
+    box.append(keyTable(top.slice(0, SHOWN), max));
+    if (top.length > SHOWN) {
+      const more = el("details", {}, el("summary", {}, `${top.length - SHOWN} more`), keyTable(top.slice(SHOWN), max));
+      box.append(more);
     }
-    box.append(el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "key"), el("th", {}, "would deny"), el("th", {}, ""))), body));
     return box;
   }
 
@@ -110,7 +123,7 @@
       stat("would_deny", "would deny", s.would_deny, pct(s.would_deny, ev), "cand"),
       stat("live_denied", "live denied", s.live_denied, pct(s.live_denied, ev), "live"),
       stat("both_denied", "both denied", s.both_denied, undefined, "small"),
-      stat("would_deny_units", "units denied", s.would_deny_units, undefined, "small"),
+      stat("would_deny_units", "units would deny", s.would_deny_units, undefined, "small"),
       stat("only_candidate_denied", "only candidate", s.only_candidate_denied, undefined, "small cand"),
       stat("only_live_denied", "only live", s.only_live_denied, undefined, "small live"),
       stat("keys", "keys", s.keys, undefined, "small"));
@@ -122,7 +135,8 @@
     return el("section", { class: "candidate", "data-policy": s.policy, "data-revision": String(s.revision) },
       el("h2", {}, el("span", { class: "name" }, s.policy), el("span", { class: "rev", "data-field": "revision" }, "revision " + s.revision)),
       meta,
-      el("div", { class: "grid" }, el("div", {}, stats, keys(s)), chart(s)));
+      el("div", { class: "grid" }, stats, chart(s)),
+      keys(s));
   }
 
   function render(name) {

@@ -103,10 +103,10 @@ func promMetrics(expr string) []string {
 func TestPromMetrics(t *testing.T) {
 	for expr, want := range map[string]string{
 		`sum by (policy, result) (rate(limitmesh_decisions_total{result="denied", policy=~"a.*"}[$__rate_interval]))`: "limitmesh_decisions_total",
-		`histogram_quantile(0.99, sum by (le) (rate(limitmesh_decision_duration_seconds_bucket[5m])))`:                  "limitmesh_decision_duration_seconds_bucket",
-		`a_total / on (instance) group_left b_total > 1e3 and c`:                                                         "a_total b_total c",
-		`max(limitmesh_usage_lag_seconds) offset 5m`:                                                                     "limitmesh_usage_lag_seconds",
-		`label_replace(up, "x", "$1", "job", "(.*)")`:                                                                    "up",
+		`histogram_quantile(0.99, sum by (le) (rate(limitmesh_decision_duration_seconds_bucket[5m])))`:                "limitmesh_decision_duration_seconds_bucket",
+		`a_total / on (instance) group_left b_total > 1e3 and c`:                                                      "a_total b_total c",
+		`max(limitmesh_usage_lag_seconds) offset 5m`:                                                                  "limitmesh_usage_lag_seconds",
+		`label_replace(up, "x", "$1", "job", "(.*)")`:                                                                 "up",
 	} {
 		if got := strings.Join(promMetrics(expr), " "); got != want {
 			t.Errorf("promMetrics(%s) = %q, want %q", expr, got, want)

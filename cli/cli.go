@@ -52,6 +52,7 @@ func commands() []command {
 		{"serve", "run a limitmesh node (embedded NATS unless --nats-url)", runServe},
 		{"decide", "ask for one decision and print the reply", runDecide},
 		{"policy", "put, get, list, validate, history or roll back policies", runPolicy},
+		{"usage", "print the usage ledger (report) or follow the usage stream (tail)", runUsage},
 		{"demo", "the Acme story: one global limit against six local buckets", runDemo},
 		{"bench", "drive a node or cluster with load and measure it against raw NATS", runBench},
 		{"shadow", "report, promote or backtest shadow candidates", runShadow},

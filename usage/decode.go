@@ -3,9 +3,11 @@ package usage
 import (
 	"errors"
 	"strconv"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 )
 
@@ -28,14 +30,12 @@ import (
 //     invalid UTF-8 in a string and trailing data are errors.
 //
 // Errors match [ErrInvalid] and name the field. The returned descriptors
-// are sorted by name.
+// are sorted by name. The strings of the result share one copy of data.
 func DecodeBatch(data []byte) (Batch, error) {
-	d := decoder{data: data}
-	b, err := d.batch()
-	if err != nil {
-		return Batch{}, err
-	}
-	return b, nil
+	// One copy of the message: every string without escapes is a
+	// substring of it.
+	d := decoder{data: string(data)}
+	return d.batch()
 }
 
 // decodeError is a rejection naming the offending field.
@@ -56,13 +56,49 @@ func (e *decodeError) Is(target error) bool { return target == ErrInvalid }
 // maxSkipDepth bounds the nesting of unknown fields' values.
 const maxSkipDepth = 32
 
+// dimSlab is how many descriptor entries are allocated at once.
+const dimSlab = 1024
+
 // decoder reads one batch from data; pos is the next byte.
 type decoder struct {
-	data []byte
+	data string
 	pos  int
+	dims []policies.Dim // free part of the slab descriptors are cut from
 }
 
-func fail(path, reason string) error { return &decodeError{path: path, reason: reason} }
+// loc names a field for error messages; its text is built only when an
+// error is reported. rec < 0 for the batch's own fields.
+type loc struct {
+	rec   int
+	field string
+	sub   string
+}
+
+func (l loc) String() string {
+	var parts []string
+	if l.rec >= 0 {
+		parts = append(parts, "records["+strconv.Itoa(l.rec)+"]")
+	}
+	for _, p := range []string{l.field, l.sub} {
+		if p != "" {
+			parts = append(parts, p)
+		}
+	}
+	return strings.Join(parts, ".")
+}
+
+func (l loc) with(name string) loc {
+	if l.field == "" {
+		l.field = name
+	} else {
+		l.sub = name
+	}
+	return l
+}
+
+func fail(at loc, reason string) error { return &decodeError{path: at.String(), reason: reason} }
+
+var top = loc{rec: -1}
 
 func (d *decoder) ws() {
 	for d.pos < len(d.data) {
@@ -76,13 +112,13 @@ func (d *decoder) ws() {
 }
 
 // expect consumes byte c (after whitespace).
-func (d *decoder) expect(c byte, path string) error {
+func (d *decoder) expect(c byte, at loc) error {
 	d.ws()
 	if d.pos >= len(d.data) {
-		return fail(path, "unexpected end of input, want "+strconv.QuoteRune(rune(c)))
+		return fail(at, "unexpected end of input, want "+strconv.QuoteRune(rune(c)))
 	}
 	if d.data[d.pos] != c {
-		return fail(path, "unexpected "+strconv.QuoteRune(rune(d.data[d.pos]))+", want "+strconv.QuoteRune(rune(c)))
+		return fail(at, "unexpected "+strconv.QuoteRune(rune(d.data[d.pos]))+", want "+strconv.QuoteRune(rune(c)))
 	}
 	d.pos++
 	return nil
@@ -97,11 +133,10 @@ func (d *decoder) peek() byte {
 	return d.data[d.pos]
 }
 
-// object calls field for every member of an object, after checking
-// duplicates are not given for names that field knows (field reports
-// whether it knew the name).
-func (d *decoder) object(path string, field func(name string) (bool, error)) error {
-	if err := d.expect('{', path); err != nil {
+// object calls field for every member of an object at at; field reports
+// whether it read the member's value (else it is skipped).
+func (d *decoder) object(at loc, field func(name string) (bool, error)) error {
+	if err := d.expect('{', at); err != nil {
 		return err
 	}
 	if d.peek() == '}' {
@@ -109,11 +144,11 @@ func (d *decoder) object(path string, field func(name string) (bool, error)) err
 		return nil
 	}
 	for {
-		name, err := d.str(path)
+		name, err := d.str(at)
 		if err != nil {
 			return err
 		}
-		if err := d.expect(':', path); err != nil {
+		if err := d.expect(':', at); err != nil {
 			return err
 		}
 		known, err := field(name)
@@ -121,7 +156,7 @@ func (d *decoder) object(path string, field func(name string) (bool, error)) err
 			return err
 		}
 		if !known {
-			if err := d.skip(path+"."+name, 0); err != nil {
+			if err := d.skip(at.with(name), 0); err != nil {
 				return err
 			}
 		}
@@ -132,9 +167,9 @@ func (d *decoder) object(path string, field func(name string) (bool, error)) err
 			d.pos++
 			return nil
 		case 0:
-			return fail(path, "unexpected end of input")
+			return fail(at, "unexpected end of input")
 		default:
-			return fail(path, "unexpected "+strconv.QuoteRune(rune(d.data[d.pos]))+" after a member")
+			return fail(at, "unexpected "+strconv.QuoteRune(rune(d.data[d.pos]))+" after a member")
 		}
 	}
 }
@@ -149,7 +184,7 @@ func (d *decoder) batch() (Batch, error) {
 		fPolicy
 		fRecords
 	)
-	err := d.object("", func(name string) (bool, error) {
+	err := d.object(top, func(name string) (bool, error) {
 		var bit uint8
 		switch name {
 		case "node":
@@ -161,21 +196,21 @@ func (d *decoder) batch() (Batch, error) {
 		default:
 			return false, nil
 		}
+		at := top.with(name)
 		if seen&bit != 0 {
-			return true, fail(name, "given twice")
+			return true, fail(at, "given twice")
 		}
 		seen |= bit
 		var err error
 		switch bit {
 		case fNode:
-			b.Node, err = d.str("node")
-			if err == nil {
-				err = checkID("node", b.Node)
+			if b.Node, err = d.str(at); err == nil {
+				err = checkID(at, b.Node)
 			}
 		case fPolicy:
-			b.Policy, err = d.str("policy")
+			b.Policy, err = d.str(at)
 			if err == nil && b.Policy != "" && policies.ValidateName(b.Policy) != nil {
-				err = fail("policy", strconv.Quote(b.Policy)+" is not [a-z0-9][a-z0-9_-]{0,63}")
+				err = fail(at, strconv.Quote(b.Policy)+" is not [a-z0-9][a-z0-9_-]{0,63}")
 			}
 		case fRecords:
 			b.Records, err = d.records()
@@ -187,39 +222,42 @@ func (d *decoder) batch() (Batch, error) {
 	}
 	d.ws()
 	if d.pos != len(d.data) {
-		return Batch{}, fail("", "trailing data after the batch")
+		return Batch{}, fail(top, "trailing data after the batch")
 	}
 	switch {
 	case seen&fNode == 0:
-		return Batch{}, fail("node", "missing")
+		return Batch{}, fail(top.with("node"), "missing")
 	case seen&fPolicy == 0:
-		return Batch{}, fail("policy", "missing")
+		return Batch{}, fail(top.with("policy"), "missing")
 	case seen&fRecords == 0:
-		return Batch{}, fail("records", "missing")
+		return Batch{}, fail(top.with("records"), "missing")
 	}
 	// A key is "" exactly for the decisions no policy matched.
 	for i := range b.Records {
 		switch k := b.Records[i].Key; {
 		case b.Policy == "" && k != "":
-			return Batch{}, fail("records["+strconv.Itoa(i)+"].key", "must be \"\" in a batch of policy \"\"")
+			return Batch{}, fail(loc{rec: i, field: "key"}, `must be "" in a batch of policy ""`)
 		case b.Policy != "" && k == "":
-			return Batch{}, fail("records["+strconv.Itoa(i)+"].key", "is empty")
+			return Batch{}, fail(loc{rec: i, field: "key"}, "is empty")
 		}
 	}
 	return b, nil
 }
 
 func (d *decoder) records() ([]Record, error) {
-	if err := d.expect('[', "records"); err != nil {
+	at := top.with("records")
+	if err := d.expect('[', at); err != nil {
 		return nil, err
 	}
-	var out []Record
+	// Records are about 150 bytes of JSON or more: a capacity guess that
+	// saves most regrowth.
+	out := make([]Record, 0, min(4096, (len(d.data)-d.pos)/150+1))
 	if d.peek() == ']' {
 		d.pos++
 		return out, nil
 	}
 	for i := 0; ; i++ {
-		r, err := d.record("records[" + strconv.Itoa(i) + "]")
+		r, err := d.record(i)
 		if err != nil {
 			return nil, err
 		}
@@ -231,16 +269,17 @@ func (d *decoder) records() ([]Record, error) {
 			d.pos++
 			return out, nil
 		default:
-			return nil, fail("records", "unexpected input after a record")
+			return nil, fail(at, "unexpected input after a record")
 		}
 	}
 }
 
-func (d *decoder) record(path string) (Record, error) {
+func (d *decoder) record(i int) (Record, error) {
 	var (
-		r    Record
-		seen uint16
-		dims []policies.Dim
+		r     Record
+		seen  uint16
+		start = -1 // the record's descriptor in d.dims
+		ndims int
 	)
 	const (
 		fID = 1 << iota
@@ -253,7 +292,8 @@ func (d *decoder) record(path string) (Record, error) {
 		fRequestID
 		required = fID | fTime | fRevision | fKey | fDescriptor | fCost | fResult
 	)
-	err := d.object(path, func(name string) (bool, error) {
+	self := loc{rec: i}
+	err := d.object(self, func(name string) (bool, error) {
 		var bit uint16
 		switch name {
 		case "id":
@@ -275,57 +315,55 @@ func (d *decoder) record(path string) (Record, error) {
 		default:
 			return false, nil
 		}
-		fp := path + "." + name
+		at := self.with(name)
 		if seen&bit != 0 {
-			return true, fail(fp, "given twice")
+			return true, fail(at, "given twice")
 		}
 		seen |= bit
 		var err error
 		switch bit {
 		case fID:
-			if r.ID, err = d.str(fp); err == nil {
-				err = checkID(fp, r.ID)
+			if r.ID, err = d.str(at); err == nil {
+				err = checkID(at, r.ID)
 			}
 		case fTime:
 			var n uint64
-			if n, err = d.uint(fp); err == nil {
+			if n, err = d.uint(at); err == nil {
 				if n > 1<<63-1 {
-					err = fail(fp, "is too large")
+					err = fail(at, "is too large")
 				}
 				r.TimeUs = int64(n)
 			}
 		case fRevision:
-			r.Revision, err = d.uint(fp)
+			r.Revision, err = d.uint(at)
 		case fKey:
-			if r.Key, err = d.str(fp); err == nil {
-				err = checkKey(fp, r.Key)
+			if r.Key, err = d.str(at); err == nil {
+				err = checkKey(at, r.Key)
 			}
 		case fDescriptor:
-			dims, err = d.descriptor(fp)
+			start, ndims, err = d.descriptor(at)
 		case fCost:
 			var text string
-			if text, err = d.number(fp); err == nil {
-				if r.Cost, err = policies.ParseCost(text); err != nil {
-					err = fail(fp, strconv.Quote(text)+" is not a cost > 0 and <= 1e9 with at most 6 fractional digits")
-				}
+			if text, err = d.number(at); err == nil {
+				r.Cost, err = parseCost(at, text)
 			}
 		case fResult:
 			var s string
-			if s, err = d.str(fp); err == nil {
+			if s, err = d.str(at); err == nil {
 				switch s {
 				case "allowed":
 					r.Allowed = true
 				case "denied":
 				default:
-					err = fail(fp, strconv.Quote(s)+" is not \"allowed\" or \"denied\"")
+					err = fail(at, strconv.Quote(s)+` is not "allowed" or "denied"`)
 				}
 			}
 		case fRequestID:
-			if r.RequestID, err = d.str(fp); err == nil {
+			if r.RequestID, err = d.str(at); err == nil {
 				if len(r.RequestID) > MaxRequestIDLen {
-					err = fail(fp, "is "+strconv.Itoa(len(r.RequestID))+" bytes (at most 128)")
+					err = fail(at, "is "+strconv.Itoa(len(r.RequestID))+" bytes (at most 128)")
 				} else if reason := printable(r.RequestID); reason != "" {
-					err = fail(fp, reason)
+					err = fail(at, reason)
 				}
 			}
 		}
@@ -336,78 +374,122 @@ func (d *decoder) record(path string) (Record, error) {
 	}
 	if missing := required &^ seen; missing != 0 {
 		names := []string{"id", "t_us", "revision", "key", "descriptor", "cost", "result"}
-		for i, n := range names {
-			if missing&(1<<i) != 0 {
-				return Record{}, fail(path+"."+n, "missing")
+		for k, n := range names {
+			if missing&(1<<k) != 0 {
+				return Record{}, fail(self.with(n), "missing")
 			}
 		}
 	}
-	desc, err := policies.NewDescriptor(dims)
+	desc, err := policies.NewDescriptor(d.dims[start : start+ndims : start+ndims])
 	if err != nil {
 		var pe *policies.Error
 		if errors.As(err, &pe) {
-			return Record{}, fail(path+"."+pe.Path, pe.Reason)
+			return Record{}, fail(loc{rec: i, field: pe.Path}, pe.Reason)
 		}
-		return Record{}, fail(path+".descriptor", err.Error())
+		return Record{}, fail(self.with("descriptor"), err.Error())
 	}
 	r.Descriptor = desc
 	return r, nil
 }
 
-func (d *decoder) descriptor(path string) ([]policies.Dim, error) {
-	var dims []policies.Dim
-	err := d.object(path, func(name string) (bool, error) {
-		if len(dims) == policies.MaxDims {
-			return true, fail(path, "has more than 16 dimensions")
+// descriptor reads a descriptor object into the slab and returns where its
+// entries start and how many there are.
+func (d *decoder) descriptor(at loc) (int, int, error) {
+	if cap(d.dims)-len(d.dims) < policies.MaxDims {
+		d.dims = make([]policies.Dim, 0, dimSlab)
+	}
+	start := len(d.dims)
+	err := d.object(at, func(name string) (bool, error) {
+		if len(d.dims)-start == policies.MaxDims {
+			return true, fail(at, "has more than 16 dimensions")
 		}
-		v, err := d.str(path + "." + name)
+		v, err := d.str(at.with(name))
 		if err != nil {
 			return true, err
 		}
-		dims = append(dims, policies.Dim{Name: name, Value: v})
+		d.dims = append(d.dims, policies.Dim{Name: name, Value: v})
 		return true, nil
 	})
-	return dims, err
+	return start, len(d.dims) - start, err
+}
+
+// parseCost parses a cost's number text: the common forms (up to 10
+// integer digits, up to 6 fractional digits) here, the rest by
+// policies.ParseCost (same rules).
+func parseCost(at loc, s string) (int64, error) {
+	i := 0
+	var whole int64
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		whole = whole*10 + int64(s[i]-'0')
+		i++
+	}
+	ok := i > 0 && i <= 10 && (i == 1 || s[0] != '0')
+	var frac int64
+	scale := kvstate.Unit
+	if ok && i < len(s) && s[i] == '.' {
+		j := i + 1
+		for j < len(s) && s[j] >= '0' && s[j] <= '9' && j-i <= 6 {
+			frac = frac*10 + int64(s[j]-'0')
+			scale /= 10
+			j++
+		}
+		ok = j > i+1
+		i = j
+	}
+	if ok && i == len(s) {
+		v := whole*kvstate.Unit + frac*scale
+		if v > 0 && v <= policies.MaxCost {
+			return v, nil
+		}
+	}
+	v, err := policies.ParseCost(s)
+	if err != nil {
+		return 0, fail(at, strconv.Quote(s)+" is not a cost > 0 and <= 1e9 with at most 6 fractional digits")
+	}
+	return v, nil
 }
 
 // str reads a JSON string; invalid UTF-8 (raw or through lone surrogate
-// escapes) is an error.
-func (d *decoder) str(path string) (string, error) {
-	if err := d.expect('"', path); err != nil {
+// escapes) is an error. A string without escapes is a substring of data.
+func (d *decoder) str(at loc) (string, error) {
+	if err := d.expect('"', at); err != nil {
 		return "", err
 	}
 	start := d.pos
-	// Fast path: no escapes.
+	ascii := true
 	for d.pos < len(d.data) {
 		c := d.data[d.pos]
 		if c == '"' {
 			s := d.data[start:d.pos]
 			d.pos++
-			if !utf8.Valid(s) {
-				return "", fail(path, "is not valid UTF-8")
+			if !ascii && !utf8.ValidString(s) {
+				return "", fail(at, "is not valid UTF-8")
 			}
-			return string(s), nil
+			return s, nil
 		}
 		if c == '\\' {
 			break
 		}
 		if c < 0x20 {
-			return "", fail(path, "has a raw control character")
+			return "", fail(at, "has a raw control character")
+		}
+		if c >= utf8.RuneSelf {
+			ascii = false
 		}
 		d.pos++
 	}
-	buf := append([]byte(nil), d.data[start:d.pos]...)
+	buf := []byte(d.data[start:d.pos])
 	for d.pos < len(d.data) {
 		c := d.data[d.pos]
 		switch {
 		case c == '"':
 			d.pos++
 			if !utf8.Valid(buf) {
-				return "", fail(path, "is not valid UTF-8")
+				return "", fail(at, "is not valid UTF-8")
 			}
 			return string(buf), nil
 		case c < 0x20:
-			return "", fail(path, "has a raw control character")
+			return "", fail(at, "has a raw control character")
 		case c != '\\':
 			buf = append(buf, c)
 			d.pos++
@@ -435,36 +517,35 @@ func (d *decoder) str(path string) (string, error) {
 		case 'u':
 			r, ok := d.hex4()
 			if !ok {
-				return "", fail(path, "has a bad \\u escape")
+				return "", fail(at, `has a bad \u escape`)
 			}
-			if utf16IsSurrogate(r) {
+			if r >= 0xd800 && r <= 0xdfff {
 				// A high surrogate must be followed by \u and a low one.
 				if r >= 0xdc00 || d.pos+1 >= len(d.data) || d.data[d.pos] != '\\' || d.data[d.pos+1] != 'u' {
-					return "", fail(path, "is not valid UTF-8 (lone surrogate)")
+					return "", fail(at, "is not valid UTF-8 (lone surrogate)")
 				}
 				d.pos += 2
 				lo, ok := d.hex4()
 				if !ok || lo < 0xdc00 || lo > 0xdfff {
-					return "", fail(path, "is not valid UTF-8 (lone surrogate)")
+					return "", fail(at, "is not valid UTF-8 (lone surrogate)")
 				}
 				r = 0x10000 + (r-0xd800)<<10 + (lo - 0xdc00)
 			}
 			buf = utf8.AppendRune(buf, r)
 		default:
-			return "", fail(path, "has a bad escape")
+			return "", fail(at, "has a bad escape")
 		}
 	}
-	return "", fail(path, "unterminated string")
+	return "", fail(at, "unterminated string")
 }
-
-func utf16IsSurrogate(r rune) bool { return r >= 0xd800 && r <= 0xdfff }
 
 func (d *decoder) hex4() (rune, bool) {
 	if d.pos+4 > len(d.data) {
 		return 0, false
 	}
 	var r rune
-	for _, c := range d.data[d.pos : d.pos+4] {
+	for k := 0; k < 4; k++ {
+		c := d.data[d.pos+k]
 		switch {
 		case c >= '0' && c <= '9':
 			r = r<<4 | rune(c-'0')
@@ -482,7 +563,7 @@ func (d *decoder) hex4() (rune, bool) {
 
 // number returns the text of a JSON number (validated by the caller's
 // rules; here only its extent is found).
-func (d *decoder) number(path string) (string, error) {
+func (d *decoder) number(at loc) (string, error) {
 	d.ws()
 	start := d.pos
 	for d.pos < len(d.data) {
@@ -494,38 +575,38 @@ func (d *decoder) number(path string) (string, error) {
 		break
 	}
 	if d.pos == start {
-		return "", fail(path, "is not a number")
+		return "", fail(at, "is not a number")
 	}
-	return string(d.data[start:d.pos]), nil
+	return d.data[start:d.pos], nil
 }
 
 // uint reads a JSON integer >= 0 (no sign, fraction or exponent).
-func (d *decoder) uint(path string) (uint64, error) {
-	text, err := d.number(path)
+func (d *decoder) uint(at loc) (uint64, error) {
+	text, err := d.number(at)
 	if err != nil {
 		return 0, err
 	}
 	if len(text) > 1 && text[0] == '0' {
-		return 0, fail(path, strconv.Quote(text)+" is not an integer >= 0")
+		return 0, fail(at, strconv.Quote(text)+" is not an integer >= 0")
 	}
 	n, err := strconv.ParseUint(text, 10, 64)
 	if err != nil {
-		return 0, fail(path, strconv.Quote(text)+" is not an integer >= 0 below 2^64")
+		return 0, fail(at, strconv.Quote(text)+" is not an integer >= 0 below 2^64")
 	}
 	return n, nil
 }
 
 // skip skips one JSON value, checking that it is well formed.
-func (d *decoder) skip(path string, depth int) error {
+func (d *decoder) skip(at loc, depth int) error {
 	if depth > maxSkipDepth {
-		return fail(path, "nests too deep")
+		return fail(at, "nests too deep")
 	}
 	switch c := d.peek(); {
 	case c == '"':
-		_, err := d.str(path)
+		_, err := d.str(at)
 		return err
 	case c == '{':
-		return d.object(path, func(string) (bool, error) { return true, d.skip(path, depth+1) })
+		return d.object(at, func(string) (bool, error) { return true, d.skip(at, depth+1) })
 	case c == '[':
 		d.pos++
 		if d.peek() == ']' {
@@ -533,7 +614,7 @@ func (d *decoder) skip(path string, depth int) error {
 			return nil
 		}
 		for {
-			if err := d.skip(path, depth+1); err != nil {
+			if err := d.skip(at, depth+1); err != nil {
 				return err
 			}
 			switch d.peek() {
@@ -543,34 +624,34 @@ func (d *decoder) skip(path string, depth int) error {
 				d.pos++
 				return nil
 			default:
-				return fail(path, "bad array")
+				return fail(at, "bad array")
 			}
 		}
 	case c == 't':
-		return d.literal(path, "true")
+		return d.literal(at, "true")
 	case c == 'f':
-		return d.literal(path, "false")
+		return d.literal(at, "false")
 	case c == 'n':
-		return d.literal(path, "null")
+		return d.literal(at, "null")
 	case c == '-' || c >= '0' && c <= '9':
-		text, err := d.number(path)
+		text, err := d.number(at)
 		if err != nil {
 			return err
 		}
 		if !validJSONNumber(text) {
-			return fail(path, strconv.Quote(text)+" is not a JSON number")
+			return fail(at, strconv.Quote(text)+" is not a JSON number")
 		}
 		return nil
 	case c == 0:
-		return fail(path, "unexpected end of input")
+		return fail(at, "unexpected end of input")
 	default:
-		return fail(path, "unexpected "+strconv.QuoteRune(rune(c)))
+		return fail(at, "unexpected "+strconv.QuoteRune(rune(c)))
 	}
 }
 
-func (d *decoder) literal(path, lit string) error {
-	if len(d.data)-d.pos < len(lit) || string(d.data[d.pos:d.pos+len(lit)]) != lit {
-		return fail(path, "bad literal")
+func (d *decoder) literal(at loc, lit string) error {
+	if !strings.HasPrefix(d.data[d.pos:], lit) {
+		return fail(at, "bad literal")
 	}
 	d.pos += len(lit)
 	return nil
@@ -619,15 +700,15 @@ func validJSONNumber(s string) bool {
 }
 
 // checkID checks a record id or node name: 1..256 bytes of printable UTF-8.
-func checkID(path, s string) error {
+func checkID(at loc, s string) error {
 	if s == "" {
-		return fail(path, "is empty")
+		return fail(at, "is empty")
 	}
 	if len(s) > MaxIDLen {
-		return fail(path, "is "+strconv.Itoa(len(s))+" bytes (at most 256)")
+		return fail(at, "is "+strconv.Itoa(len(s))+" bytes (at most 256)")
 	}
 	if reason := printable(s); reason != "" {
-		return fail(path, reason)
+		return fail(at, reason)
 	}
 	return nil
 }
@@ -657,14 +738,14 @@ func printable(s string) string {
 
 // checkKey checks a record's limit key: "" or a valid KV key
 // ([-/_=.a-zA-Z0-9], no empty token) of at most 256 bytes.
-func checkKey(path, key string) error {
+func checkKey(at loc, key string) error {
 	switch {
 	case key == "":
 		return nil
 	case len(key) > MaxKeyLen:
-		return fail(path, "is "+strconv.Itoa(len(key))+" bytes (at most 256)")
+		return fail(at, "is "+strconv.Itoa(len(key))+" bytes (at most 256)")
 	case !ValidKVKey(key):
-		return fail(path, strconv.Quote(key)+" is not a valid KV key")
+		return fail(at, strconv.Quote(key)+" is not a valid KV key")
 	}
 	return nil
 }

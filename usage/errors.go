@@ -21,3 +21,9 @@ var ErrConfig = errors.New("usage: invalid configuration")
 // reconciler handles it itself (it reloads and applies again); it is
 // exported for tests and logs.
 var ErrConflict = errors.New("usage: revision conflict")
+
+// ErrCorruptEntry is matched by the error returned for a ledger entry that
+// does not decode (someone wrote the bucket by hand). The reconciler logs
+// it, counts it in limitmesh_usage_ledger_corrupt_total and starts that
+// entry again from zero.
+var ErrCorruptEntry = errors.New("usage: corrupt ledger entry")

@@ -55,6 +55,10 @@ func AppendBatch(dst []byte, b *Batch) []byte {
 	return append(dst, "]}"...)
 }
 
+// AppendRecord appends the JSON object of one record, as it appears in a
+// batch, to dst.
+func AppendRecord(dst []byte, r *Record) []byte { return appendRecord(dst, r, "", 0) }
+
 // appendBatchHead writes the batch up to the records array's opening
 // bracket.
 func appendBatchHead(dst []byte, node, policy string) []byte {

@@ -230,3 +230,26 @@ func TestNames(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDecodeBatch decodes a message of 1000 typical records.
+func BenchmarkDecodeBatch(b *testing.B) {
+	batch := Batch{Node: "n1", Policy: "acme-search"}
+	for i := 0; i < 1000; i++ {
+		batch.Records = append(batch.Records, Record{
+			ID: OrdinaryID("n1", "0123456789abcdef", uint64(i)), TimeUs: 1764752400123456 + int64(i), Revision: 12,
+			Key:        "p.acme-search.operation=search.plan=v7.tenant=acme",
+			Descriptor: desc(b, "tenant", "acme", "operation", "search", "plan", "v7"),
+			Cost:       2_500_000, Allowed: true,
+		})
+	}
+	data := AppendBatch(nil, &batch)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := DecodeBatch(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N*1000)/b.Elapsed().Seconds(), "records/s")
+}

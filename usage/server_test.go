@@ -14,12 +14,12 @@ import (
 // testServer is an embedded nats-server with JetStream on a TCP port, so a
 // test can restart it on the same port and store directory.
 type testServer struct {
-	t    *testing.T
+	t    testing.TB
 	opts *server.Options
 	srv  *server.Server
 }
 
-func startServer(t *testing.T) *testServer {
+func startServer(t testing.TB) *testServer {
 	t.Helper()
 	ts := &testServer{t: t, opts: &server.Options{
 		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
@@ -45,11 +45,17 @@ func (ts *testServer) start() {
 	ts.srv = srv
 }
 
+// stop shuts the server down and waits until it is down.
+func (ts *testServer) stop() {
+	ts.srv.Shutdown()
+	ts.srv.WaitForShutdown()
+}
+
 func (ts *testServer) url() string { return ts.srv.ClientURL() }
 
 // connect returns a JetStream context on a new connection that reconnects
 // forever; the connection is closed at cleanup.
-func (ts *testServer) connect(t *testing.T) (*nats.Conn, jetstream.JetStream) {
+func (ts *testServer) connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(ts.url(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
@@ -75,7 +81,7 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	}
 }
 
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return ctx

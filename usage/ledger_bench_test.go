@@ -1,0 +1,62 @@
+package usage
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// BenchmarkLedgerIngest measures the reconciler's ingestion rate: b.N
+// records (1000 per message, over 10,000 limit keys drawn Zipf (s=1.1)
+// from one policy, decimal costs, one node) are published first, then the
+// time for a fresh reconciler to put them all in the ledger is measured
+// and reported as records/s. Run it with a fixed count, e.g.
+// -benchtime=200000x.
+func BenchmarkLedgerIngest(b *testing.B) {
+	ts := startServer(b)
+	_, js := ts.connect(b)
+	if _, err := EnsureStream(testCtx(b), js, StreamConfig{Prefix: "rl"}); err != nil {
+		b.Fatal(err)
+	}
+	p, err := NewPublisher(js, PublisherConfig{Node: "n1", Interval: 50 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, 9_999)
+	descs := make([]Record, 10_000)
+	for k := range descs {
+		descs[k] = ledgerRecord(b, "acme", k, 0, 0, true)
+	}
+	t0 := time.Now().UnixMicro()
+	for i := 0; i < b.N; i++ {
+		r := descs[z.Uint64()]
+		r.TimeUs = t0 + int64(i)
+		r.Cost = int64(i%7+1) * 250_000
+		r.Allowed = i%10 != 0
+		for !p.Add("acme", r) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if err := p.Close(testCtx(b)); err != nil {
+		b.Fatal(err)
+	}
+	last := lastSeq(b, js)
+	r, err := NewReconciler(testCtx(b), js, ReconcilerConfig{Node: "n1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	b.ResetTimer()
+	start := time.Now()
+	go func() { r.Run(ctx); close(done) }()
+	for r.Applied() < last {
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	cancel()
+	<-done
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "records/s")
+}

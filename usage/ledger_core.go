@@ -1,0 +1,250 @@
+package usage
+
+import (
+	"math"
+	"strings"
+	"time"
+)
+
+// ledgerCore applies usage messages to ledger entries held in memory,
+// without I/O: the reconciler loads the entries and watermarks a group of
+// messages needs ([ledgerCore.missing]), applies the messages in stream
+// order ([ledgerCore.apply]), writes what changed ([ledgerCore.dirty]) and
+// only then acknowledges the messages.
+//
+// Exactly once. A record counts in its policy's day and month entries:
+//
+//  1. A stream message is applied to an entry only if the entry's Seq (the
+//     last message applied to it, stored with it) is below the message's
+//     sequence; the entry then takes that sequence. So a message delivered
+//     again (after a crash anywhere between the first write and the
+//     acknowledgement) changes nothing it already changed, and completes
+//     what it had not: entries are written with compare-and-swap, each in
+//     one write, and the watermarks and the cursor after every entry of the
+//     group.
+//  2. A journalled record (<origin>.j<jseq>.<idx>) counts only if its
+//     (jseq, idx) is above the watermark of (origin, policy), which it then
+//     becomes. One publisher publishes an origin's journalled records of a
+//     policy in increasing order (on one subject, in order), and whoever
+//     publishes them again uses the same ids, so a record already counted
+//     is at or below the watermark when it comes again, and the decision
+//     depends only on the watermark and the stream's order, both the same
+//     when a message is applied again.
+//  3. Ordinary records count once per stream message; the stream stores a
+//     batch once per Nats-Msg-Id within its duplicates window.
+type ledgerCore struct {
+	entries map[entryID]*ledgerEntry
+	origins map[string]*originState
+	dirtyE  []*ledgerEntry
+	dirtyO  []*originState
+
+	// touched: the greatest t_us of an allowed record counted, per
+	// (policy, key), since the caller last took it.
+	touched map[policyKey]int64
+
+	dayIdx     int64 // the UTC day (Unix days) day and month are of; MinInt64: none
+	day, month string
+}
+
+// entryID names a totals entry.
+type entryID struct{ policy, period, key string }
+
+// policyKey names a limit key of a policy.
+type policyKey struct{ policy, key string }
+
+// ledgerEntry is a totals entry held in memory.
+type ledgerEntry struct {
+	id    entryID
+	kvKey string
+	rev   uint64 // KV revision to compare-and-swap on (0: no message)
+	t     Totals
+	pendA int64 // allowed micro-units not yet added to t.AllowedUnits
+	pendD int64
+	open  uint64 // the message being applied to it
+	dirty bool
+}
+
+// originState is an origin's watermark entry held in memory.
+type originState struct {
+	kvKey string
+	rev   uint64
+	m     *marks
+	dirty bool
+}
+
+func newLedgerCore() *ledgerCore {
+	return &ledgerCore{
+		entries: make(map[entryID]*ledgerEntry),
+		origins: make(map[string]*originState),
+		touched: make(map[policyKey]int64),
+		dayIdx:  math.MinInt64,
+	}
+}
+
+// periods returns the UTC day and month of t_us.
+func (c *ledgerCore) periods(tUs int64) (string, string) {
+	idx := tUs / usPerDay
+	if tUs < 0 && tUs%usPerDay != 0 {
+		idx--
+	}
+	if idx != c.dayIdx {
+		t := time.UnixMicro(tUs).UTC()
+		c.dayIdx, c.day, c.month = idx, t.Format(dayFormat), t.Format(monthFormat)
+	}
+	return c.day, c.month
+}
+
+// policyToken is a policy's name in watermarks ("_" for none).
+func policyToken(policy string) string {
+	if policy == "" {
+		return UnmatchedToken
+	}
+	return policy
+}
+
+// missing calls entry for every totals entry and origin for every origin
+// that applying b needs and c does not hold (possibly more than once).
+func (c *ledgerCore) missing(b *Batch, entry func(entryID), origin func(string)) {
+	for i := range b.Records {
+		r := &b.Records[i]
+		if o, _, ok := ParseJournalID(r.ID); ok && c.origins[o] == nil {
+			origin(o)
+		}
+		day, month := c.periods(r.TimeUs)
+		for _, per := range [2]string{day, month} {
+			id := entryID{b.Policy, per, r.Key}
+			if c.entries[id] == nil {
+				entry(id)
+			}
+		}
+	}
+}
+
+// hold adds an entry as loaded: t (the zero Totals for a new entry) at
+// revision rev. The strings of id are copied: a decoded batch's strings
+// share its whole message, which a long-lived entry must not keep alive.
+func (c *ledgerCore) hold(id entryID, rev uint64, t Totals) *ledgerEntry {
+	id = entryID{strings.Clone(id.policy), strings.Clone(id.period), strings.Clone(id.key)}
+	t.Policy, t.Key, t.Period = id.policy, id.key, id.period
+	e := &ledgerEntry{id: id, kvKey: TotalsKey(id.policy, id.period, id.key), rev: rev, t: t}
+	c.entries[id] = e
+	return e
+}
+
+// holdOrigin adds an origin's watermarks as loaded (m nil: none yet).
+func (c *ledgerCore) holdOrigin(origin string, rev uint64, m *marks) {
+	origin = strings.Clone(origin)
+	if m == nil {
+		m = &marks{pos: map[string]JournalPos{}}
+	}
+	m.Origin = origin
+	c.origins[origin] = &originState{kvKey: marksKey(origin), rev: rev, m: m}
+}
+
+// apply applies stream message seq, holding batch b, to the entries (all
+// of which c must hold: see missing). It returns how many records counted
+// and how many were skipped as already counted (journalled records at or
+// below their watermark).
+func (c *ledgerCore) apply(seq uint64, b *Batch) (counted, dup int) {
+	ptok := policyToken(b.Policy)
+	for i := range b.Records {
+		r := &b.Records[i]
+		if origin, pos, ok := ParseJournalID(r.ID); ok {
+			o := c.origins[origin]
+			if r.TimeUs > o.m.SeenUs {
+				o.m.SeenUs = r.TimeUs
+				c.dirtyOrigin(o)
+			}
+			cur, ok := o.m.pos[ptok]
+			if ok && !cur.Less(pos) {
+				dup++
+				continue
+			}
+			if !ok {
+				ptok = strings.Clone(ptok)
+			}
+			o.m.pos[ptok] = pos
+			o.m.Seq = seq
+			c.dirtyOrigin(o)
+		}
+		counted++
+		day, month := c.periods(r.TimeUs)
+		for _, per := range [2]string{day, month} {
+			e := c.entries[entryID{b.Policy, per, r.Key}]
+			if e.open != seq {
+				if e.t.Seq >= seq {
+					continue // applied before this message was delivered again
+				}
+				e.open, e.t.Seq = seq, seq
+				if !e.dirty {
+					e.dirty = true
+					c.dirtyE = append(c.dirtyE, e)
+				}
+			}
+			if r.Allowed {
+				e.t.Allowed++
+				if e.pendA > math.MaxInt64-r.Cost {
+					addMicro(&e.t.AllowedUnits, e.pendA)
+					e.pendA = 0
+				}
+				e.pendA += r.Cost
+			} else {
+				e.t.Denied++
+				if e.pendD > math.MaxInt64-r.Cost {
+					addMicro(&e.t.DeniedUnits, e.pendD)
+					e.pendD = 0
+				}
+				e.pendD += r.Cost
+			}
+			e.t.LastUs = max(e.t.LastUs, r.TimeUs)
+		}
+		if r.Allowed && b.Policy != "" {
+			pk := policyKey{b.Policy, r.Key}
+			if last, ok := c.touched[pk]; !ok {
+				c.touched[policyKey{strings.Clone(b.Policy), strings.Clone(r.Key)}] = r.TimeUs
+			} else if r.TimeUs > last {
+				c.touched[pk] = r.TimeUs
+			}
+		}
+	}
+	return counted, dup
+}
+
+func (c *ledgerCore) dirtyOrigin(o *originState) {
+	if !o.dirty {
+		o.dirty = true
+		c.dirtyO = append(c.dirtyO, o)
+	}
+}
+
+// settle adds the pending micro-units of e to its decimals.
+func (e *ledgerEntry) settle() {
+	if e.pendA != 0 {
+		addMicro(&e.t.AllowedUnits, e.pendA)
+		e.pendA = 0
+	}
+	if e.pendD != 0 {
+		addMicro(&e.t.DeniedUnits, e.pendD)
+		e.pendD = 0
+	}
+}
+
+// written records that every dirty entry and origin was written, at the
+// revisions the caller set.
+func (c *ledgerCore) written() {
+	for _, e := range c.dirtyE {
+		e.dirty = false
+	}
+	for _, o := range c.dirtyO {
+		o.dirty = false
+	}
+	c.dirtyE, c.dirtyO = c.dirtyE[:0], c.dirtyO[:0]
+}
+
+// takeTouched returns the keys touched since the last call and forgets
+// them.
+func (c *ledgerCore) takeTouched() map[policyKey]int64 {
+	t := c.touched
+	c.touched = make(map[policyKey]int64)
+	return t
+}

@@ -104,7 +104,7 @@ func Backtest(ctx context.Context, js jetstream.JetStream, p *policies.Policy, c
 		return finish(), nil // nothing stored since the start
 	}
 	for {
-		fctx, cancel := context.WithTimeout(ctx, time.Second)
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		batch, err := cons.Fetch(cfg.FetchSize, jetstream.FetchContext(fctx))
 		if err != nil {
 			cancel()
@@ -153,8 +153,15 @@ func Backtest(ctx context.Context, js jetstream.JetStream, p *policies.Policy, c
 		if ctx.Err() != nil {
 			return finish(), ctx.Err()
 		}
-		if done || n == 0 {
+		if done {
 			return finish(), nil
+		}
+		if n == 0 {
+			// Nothing within the fetch's wait: finished only if the
+			// consumer has nothing left (a slow server may just be late).
+			if ci, err := cons.Info(ctx); err == nil && ci.NumPending == 0 {
+				return finish(), nil
+			}
 		}
 	}
 }

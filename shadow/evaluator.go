@@ -168,9 +168,24 @@ type session struct {
 	applied uint64 // last stream sequence applied
 	ckptSeq uint64 // sequence of the last checkpoint written
 	dirty   bool   // the candidate set changed since the last checkpoint
+	// A checkpoint is encoded in the loop and written by a goroutine of
+	// its own (one at a time), so the loop goes on applying meanwhile;
+	// the write's outcome comes back on written.
+	writing bool
+	written chan written
+	buf     []byte // the last checkpoint's buffer, reused
 	lastMsg jetstream.Msg
 	lagFrom time.Time          // stream time of the last message applied while more waited
 	counted map[string]counted // what the metrics counted, by candidate
+}
+
+// written is the outcome of one checkpoint write.
+type written struct {
+	seq  uint64
+	msg  jetstream.Msg // the last message it covers, to acknowledge
+	buf  []byte
+	took time.Duration
+	err  error
 }
 
 // lead is the job of the active evaluator.
@@ -187,7 +202,7 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 		<-watchDone
 	}()
 
-	s := &session{e: e, st: st, r: NewReplay(e.cfg.Options), counted: map[string]counted{}}
+	s := &session{e: e, st: st, r: NewReplay(e.cfg.Options), counted: map[string]counted{}, written: make(chan written, 1)}
 	var first []*policies.Policy
 	select {
 	case <-ctx.Done():
@@ -265,7 +280,9 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 				return err
 			}
 		case <-ckpt.C:
-			if err := s.checkpoint(ctx); err != nil {
+			s.startCheckpoint(ctx)
+		case w := <-s.written:
+			if err := s.checkpointed(w); err != nil {
 				return err
 			}
 		}
@@ -425,31 +442,53 @@ func (s *session) flush(ctx context.Context) error {
 	return nil
 }
 
-// checkpoint writes the state when anything changed since the last one,
-// then acknowledges the stream up to it.
-func (s *session) checkpoint(ctx context.Context) error {
-	if s.applied == s.ckptSeq && !s.dirty {
-		return nil
+// startCheckpoint encodes the state, when anything changed since the last
+// checkpoint and no write is in flight, and writes it in the background.
+// The store's pointer fields are the writer's alone meanwhile (flush uses
+// only the summaries' revisions).
+func (s *session) startCheckpoint(ctx context.Context) {
+	if s.writing || s.applied == s.ckptSeq && !s.dirty {
+		return
 	}
-	b := s.r.AppendCheckpoint(nil, s.applied)
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	err := s.st.checkpoint(wctx, b, s.applied, s.e.cfg.NodeID)
+	s.buf = s.r.AppendCheckpoint(s.buf[:0], s.applied)
+	w := written{seq: s.applied, msg: s.lastMsg, buf: s.buf}
+	s.writing, s.dirty, s.buf, s.lastMsg = true, false, nil, nil
+	go func() {
+		began := time.Now()
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		w.err = s.st.checkpoint(wctx, w.buf, w.seq, s.e.cfg.NodeID)
+		w.took = time.Since(began)
+		s.written <- w
+	}()
+}
+
+// checkpointed takes the outcome of a checkpoint write: on success the
+// stream is acknowledged up to it (acknowledge-all); a failed write is
+// tried again at the next tick; a fenced one ends the term.
+func (s *session) checkpointed(w written) error {
+	s.writing, s.buf = false, w.buf
 	switch {
-	case errors.Is(err, errFenced):
+	case errors.Is(w.err, errFenced):
 		s.e.m.checkpoints.WithLabelValues("fenced").Inc()
-		return err
-	case err != nil:
+		return w.err
+	case w.err != nil:
 		s.e.m.checkpoints.WithLabelValues("error").Inc()
-		s.e.log.Warn("shadow: checkpoint failed; trying again", "err", err)
+		s.e.log.Warn("shadow: checkpoint failed; trying again", "err", w.err)
+		s.dirty = true
+		if s.lastMsg == nil {
+			s.lastMsg = w.msg
+		}
 		return nil
 	}
 	s.e.m.checkpoints.WithLabelValues("ok").Inc()
-	s.e.m.ckptBytes.Set(float64(len(b)))
-	s.ckptSeq, s.dirty = s.applied, false
-	if s.lastMsg != nil {
-		s.lastMsg.Ack() // acknowledge-all: everything up to it
-		s.lastMsg = nil
+	s.e.m.ckptBytes.Set(float64(len(w.buf)))
+	s.ckptSeq = w.seq
+	if w.msg != nil {
+		w.msg.Ack() // acknowledge-all: everything up to it
+	}
+	if w.took > s.e.cfg.CheckpointInterval {
+		s.e.log.Debug("shadow: slow checkpoint", "bytes", len(w.buf), "took", w.took)
 	}
 	return nil
 }
@@ -460,8 +499,26 @@ func (s *session) checkpoint(ctx context.Context) error {
 func (s *session) final() {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	if err := s.checkpoint(ctx); err != nil {
-		return
+	if s.writing {
+		select {
+		case w := <-s.written:
+			if s.checkpointed(w) != nil {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+	s.startCheckpoint(ctx)
+	if s.writing {
+		select {
+		case w := <-s.written:
+			if s.checkpointed(w) != nil {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
 	}
 	s.flush(ctx)
 }

@@ -94,9 +94,9 @@ func dashboardShows(t *testing.T, page *browserPage, kv jetstream.KeyValue, what
 	t.Helper()
 	var cards []domCandidate
 	var why string
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	waitFor(t, what+" (the dashboard shows the bucket's summaries)", func() bool {
+	waitWithin(t, 60*time.Second, what+" (the dashboard shows the bucket's summaries)", func() bool {
 		want := bucketSummaries(t, ctx, kv)
 		page.eval(readDashboard, &cards)
 		if len(cards) != len(want) {
@@ -273,7 +273,7 @@ func TestShadowDashboardBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	pkv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "rl_policies", History: 16})
 	if err != nil {
@@ -306,7 +306,7 @@ func TestShadowDashboardBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the evaluator to summarize the first traffic", func() bool {
+	waitWithin(t, 60*time.Second, "the evaluator to summarize the first traffic", func() bool {
 		s := bucketSummaries(t, ctx, skv)
 		return len(s) == 3 && s[2].Evaluated > 0 && s[0].Evaluated+s[1].Evaluated+s[2].Evaluated == expectedEvaluated(t, first)
 	})
@@ -324,7 +324,7 @@ func TestShadowDashboardBrowser(t *testing.T) {
 	second := dashboardTraffic(now-60_000_000, 60, 2)
 	publishUsage(t, js, second)
 	want := expectedEvaluated(t, append(first, second...))
-	waitFor(t, "the evaluator to summarize the second traffic", func() bool { return totalEvaluated(t, skv) == want })
+	waitWithin(t, 60*time.Second, "the evaluator to summarize the second traffic", func() bool { return totalEvaluated(t, skv) == want })
 	after := dashboardShows(t, page, skv, "the second traffic")
 	for i := range after {
 		if after[i].Fields["evaluated"] == before[i].Fields["evaluated"] {
@@ -334,7 +334,7 @@ func TestShadowDashboardBrowser(t *testing.T) {
 	saveScreenshot(t, page.screenshot())
 
 	deletePolicy(t, nc, "rl_policies", "writes-strict")
-	waitFor(t, "the evaluator to delete the summary", func() bool { return len(bucketSummaries(t, ctx, skv)) == 2 })
+	waitWithin(t, 60*time.Second, "the evaluator to delete the summary", func() bool { return len(bucketSummaries(t, ctx, skv)) == 2 })
 	cards := dashboardShows(t, page, skv, "the deleted candidate gone")
 	if len(cards) != 2 {
 		t.Errorf("%d cards after deleting a candidate, want 2", len(cards))

@@ -171,10 +171,24 @@ func (c *candidate) apply(maxKeys int, key []byte, rec *usage.Record, now int64)
 			ks, overflow = &c.over, true
 		}
 	}
-	d, out := kvstate.DecideAll(c.limits, ks.states, now, rec.Cost, c.scratch[:0])
-	c.scratch = out
-	if d.Allowed {
-		ks.states = append(ks.states[:0], out...)
+	var d kvstate.Decision
+	if len(c.limits) == 1 {
+		// One limit: decide in place (DecideAll would copy the states).
+		if len(ks.states) == 0 {
+			ks.states = make([]kvstate.State, 1)
+		}
+		var ns kvstate.State
+		d, ns = kvstate.Decide(c.limits[0], ks.states[0], now, rec.Cost)
+		if d.Allowed {
+			ks.states[0] = ns
+		}
+	} else {
+		var out []kvstate.State
+		d, out = kvstate.DecideAll(c.limits, ks.states, now, rec.Cost, c.scratch[:0])
+		c.scratch = out
+		if d.Allowed {
+			ks.states = append(ks.states[:0], out...)
+		}
 	}
 
 	s := &c.sum

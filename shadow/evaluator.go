@@ -411,7 +411,8 @@ func (s *session) apply(m jetstream.Msg) {
 }
 
 // flush writes every candidate's summary and deletes those of names no
-// longer candidates; it also updates the metrics.
+// longer candidates; it also updates the metrics. It fails only when
+// another evaluator took over (errFenced).
 func (s *session) flush(ctx context.Context) error {
 	now := s.e.cfg.Clock()
 	if s.lagFrom.IsZero() {
@@ -427,18 +428,28 @@ func (s *session) flush(ctx context.Context) error {
 		s.counted[sum.Policy] = s.e.m.add(s.counted[sum.Policy], &sum)
 		sum.UpdatedUs = now.UnixMicro()
 		v, _ := json.Marshal(sum)
-		if err := s.st.putSummary(wctx, sum.Policy, v); err != nil {
+		if err := s.wrote(s.st.putSummary(wctx, sum.Policy, v)); err != nil {
 			return err
 		}
 	}
 	for name := range s.st.revs {
 		if !current[name] {
-			if err := s.st.deleteSummary(wctx, name); err != nil {
+			if err := s.wrote(s.st.deleteSummary(wctx, name)); err != nil {
 				return err
 			}
 			delete(s.counted, name)
 		}
 	}
+	return nil
+}
+
+// wrote passes on errFenced (the term must end) and logs any other write
+// error: the next flush writes again.
+func (s *session) wrote(err error) error {
+	if err == nil || errors.Is(err, errFenced) {
+		return err
+	}
+	s.e.log.Warn("shadow: summary write failed; writing again at the next flush", "err", err)
 	return nil
 }
 

@@ -79,6 +79,9 @@ type Evaluator struct {
 	cfg Config
 	log *slog.Logger
 	m   *metrics
+	// counted is what the metrics include of each candidate's counts,
+	// across the terms of this process (one term runs at a time).
+	counted map[string]counted
 }
 
 // NewEvaluator returns an evaluator of the installation cfg.Prefix on js.
@@ -123,7 +126,7 @@ func NewEvaluator(js jetstream.JetStream, cfg Config) (*Evaluator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Evaluator{js: js, cfg: cfg, log: log.With("component", "shadow"), m: m}, nil
+	return &Evaluator{js: js, cfg: cfg, log: log.With("component", "shadow"), m: m, counted: map[string]counted{}}, nil
 }
 
 // Run takes part in the election until ctx ends, evaluating while this
@@ -175,8 +178,7 @@ type session struct {
 	written chan written
 	buf     []byte // the last checkpoint's buffer, reused
 	lastMsg jetstream.Msg
-	lagFrom time.Time          // stream time of the last message applied while more waited
-	counted map[string]counted // what the metrics counted, by candidate
+	lagFrom time.Time // stream time of the last message applied while more waited
 }
 
 // written is the outcome of one checkpoint write.
@@ -202,7 +204,7 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 		<-watchDone
 	}()
 
-	s := &session{e: e, st: st, r: NewReplay(e.cfg.Options), counted: map[string]counted{}, written: make(chan written, 1)}
+	s := &session{e: e, st: st, r: NewReplay(e.cfg.Options), written: make(chan written, 1)}
 	var first []*policies.Policy
 	select {
 	case <-ctx.Done():
@@ -308,11 +310,9 @@ func (s *session) restore(ctx context.Context) error {
 		return nil
 	}
 	s.applied, s.ckptSeq = info.Seq, info.Seq
-	// The metrics count this node's evaluations: the restored counts are
-	// the baseline.
+	// The metrics count this process's evaluations, once each.
 	for _, sum := range s.r.Summaries() {
-		s.counted[sum.Policy] = counted{revision: sum.Revision, wouldAllow: sum.WouldAllow,
-			wouldDeny: sum.WouldDeny, overflow: sum.Overflow, skipped: sum.Skipped}
+		s.e.counted[sum.Policy] = baseline(s.e.counted[sum.Policy], &sum)
 	}
 	s.e.log.Info("shadow: restored checkpoint", "seq", info.Seq, "candidates", info.Candidates, "restored", info.Restored)
 	return nil
@@ -425,7 +425,7 @@ func (s *session) flush(ctx context.Context) error {
 	current := map[string]bool{}
 	for _, sum := range s.r.Summaries() {
 		current[sum.Policy] = true
-		s.counted[sum.Policy] = s.e.m.add(s.counted[sum.Policy], &sum)
+		s.e.counted[sum.Policy] = s.e.m.add(s.e.counted[sum.Policy], &sum)
 		sum.UpdatedUs = now.UnixMicro()
 		v, _ := json.Marshal(sum)
 		if err := s.wrote(s.st.putSummary(wctx, sum.Policy, v)); err != nil {
@@ -437,7 +437,7 @@ func (s *session) flush(ctx context.Context) error {
 			if err := s.wrote(s.st.deleteSummary(wctx, name)); err != nil {
 				return err
 			}
-			delete(s.counted, name)
+			delete(s.e.counted, name)
 		}
 	}
 	return nil
@@ -460,6 +460,11 @@ func (s *session) wrote(err error) error {
 func (s *session) startCheckpoint(ctx context.Context) {
 	if s.writing || s.applied == s.ckptSeq && !s.dirty {
 		return
+	}
+	// The metrics include whatever a checkpoint holds, so that a restore
+	// of it in this process does not count its records again.
+	for _, sum := range s.r.Summaries() {
+		s.e.counted[sum.Policy] = s.e.m.add(s.e.counted[sum.Policy], &sum)
 	}
 	s.buf = s.r.AppendCheckpoint(s.buf[:0], s.applied)
 	w := written{seq: s.applied, msg: s.lastMsg, buf: s.buf}

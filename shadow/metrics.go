@@ -99,25 +99,49 @@ func reuse[C prometheus.Collector](reg prometheus.Registerer, c *C, err *error) 
 	}
 }
 
-// counted is what the metrics have counted of one candidate revision.
+// counted is what this process's metrics have counted of one candidate
+// revision: the largest counts of its summaries they include.
 type counted struct {
 	revision                                 uint64
 	wouldAllow, wouldDeny, overflow, skipped uint64
 }
 
-// add adds to the metrics what s counts beyond c and returns s's counts.
+// countedOf returns the counts of s.
+func countedOf(s *Summary) counted {
+	return counted{revision: s.Revision, wouldAllow: s.WouldAllow, wouldDeny: s.WouldDeny, overflow: s.Overflow, skipped: s.Skipped}
+}
+
+// add adds to the metrics what s counts beyond c (of the same revision;
+// everything for another one) and returns the counts now included: the
+// larger of c's and s's, so that records evaluated again after a restore
+// are not counted twice.
 func (m *metrics) add(c counted, s *Summary) counted {
 	if c.revision != s.Revision {
 		c = counted{revision: s.Revision}
 	}
-	add := func(v *prometheus.CounterVec, was, now uint64, labels ...string) {
-		if now > was {
-			v.WithLabelValues(labels...).Add(float64(now - was))
+	add := func(v *prometheus.CounterVec, was *uint64, now uint64, labels ...string) {
+		if now > *was {
+			v.WithLabelValues(labels...).Add(float64(now - *was))
+			*was = now
 		}
 	}
-	add(m.decisions, c.wouldAllow, s.WouldAllow, s.Policy, "would_allow")
-	add(m.decisions, c.wouldDeny, s.WouldDeny, s.Policy, "would_deny")
-	add(m.overflow, c.overflow, s.Overflow, s.Policy)
-	add(m.skipped, c.skipped, s.Skipped, s.Policy)
-	return counted{revision: s.Revision, wouldAllow: s.WouldAllow, wouldDeny: s.WouldDeny, overflow: s.Overflow, skipped: s.Skipped}
+	add(m.decisions, &c.wouldAllow, s.WouldAllow, s.Policy, "would_allow")
+	add(m.decisions, &c.wouldDeny, s.WouldDeny, s.Policy, "would_deny")
+	add(m.overflow, &c.overflow, s.Overflow, s.Policy)
+	add(m.skipped, &c.skipped, s.Skipped, s.Policy)
+	return c
+}
+
+// baseline returns what the metrics should take as counted of s after a
+// restore: the counts the process already included when s is of the same
+// revision and not ahead of them (its own evaluations, checkpointed and
+// replayed again), else s's counts (evaluations another node made).
+func baseline(c counted, s *Summary) counted {
+	r := countedOf(s)
+	if c.revision != s.Revision {
+		return r
+	}
+	r.wouldAllow, r.wouldDeny = max(r.wouldAllow, c.wouldAllow), max(r.wouldDeny, c.wouldDeny)
+	r.overflow, r.skipped = max(r.overflow, c.overflow), max(r.skipped, c.skipped)
+	return r
 }

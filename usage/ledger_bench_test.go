@@ -60,3 +60,56 @@ func BenchmarkLedgerIngest(b *testing.B) {
 	<-done
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "records/s")
 }
+
+// BenchmarkLedgerLive measures the whole pipeline with the reconciler
+// running while records are added: b.N records (same shape as
+// BenchmarkLedgerIngest) are added as fast as the publisher accepts them,
+// and the time until the ledger holds them all is reported as records/s.
+// Publisher, server and reconciler share the machine.
+func BenchmarkLedgerLive(b *testing.B) {
+	ts := startServer(b)
+	_, js := ts.connect(b)
+	if _, err := EnsureStream(testCtx(b), js, StreamConfig{Prefix: "rl"}); err != nil {
+		b.Fatal(err)
+	}
+	_, js2 := ts.connect(b)
+	r, err := NewReconciler(testCtx(b), js2, ReconcilerConfig{Node: "n1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	p, err := NewPublisher(js, PublisherConfig{Node: "n1", MaxBuffered: 200_000})
+	if err != nil {
+		b.Fatal(err)
+	}
+	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, 9_999)
+	descs := make([]Record, 10_000)
+	for k := range descs {
+		descs[k] = ledgerRecord(b, "acme", k, 0, 0, true)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	t0 := start.UnixMicro()
+	for i := 0; i < b.N; i++ {
+		rec := descs[z.Uint64()]
+		rec.TimeUs = t0 + int64(i)
+		rec.Cost = int64(i%7+1) * 250_000
+		rec.Allowed = i%10 != 0
+		for !p.Add("acme", rec) {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	if err := p.Close(testCtx(b)); err != nil {
+		b.Fatal(err)
+	}
+	last := lastSeq(b, js)
+	for r.Applied() < last {
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "records/s")
+}

@@ -40,44 +40,62 @@ const (
 // AppendCheckpoint appends the encoding of r's state, covering the stream
 // up to and including sequence seq, to dst.
 func (r *Replay) AppendCheckpoint(dst []byte, seq uint64) []byte {
+	return appendCheckpoint(dst, seq, r)
+}
+
+// appendCheckpoint appends one checkpoint holding the candidates of every
+// Replay of rs (whose candidates are disjoint).
+func appendCheckpoint(dst []byte, seq uint64, rs ...*Replay) []byte {
 	dst = append(dst, checkpointMagic...)
 	dst = append(dst, checkpointVersion)
 	dst = binary.AppendUvarint(dst, seq)
-	dst = binary.AppendUvarint(dst, uint64(len(r.cands)))
+	n := 0
+	for _, r := range rs {
+		n += len(r.cands)
+	}
+	dst = binary.AppendUvarint(dst, uint64(n))
 	var scratch []byte
-	for _, c := range r.cands {
-		s := &c.sum
-		dst = appendStr(dst, c.p.Name)
-		dst = binary.AppendUvarint(dst, c.p.Revision)
-		dst = binary.AppendVarint(dst, s.SinceUs)
-		dst = binary.AppendVarint(dst, s.LastUs)
-		dst = binary.AppendVarint(dst, c.sweepAt)
-		for _, v := range [...]uint64{s.Evaluated, s.WouldAllow, s.WouldDeny, s.LiveDenied, s.BothDenied,
-			s.OnlyCandidateDenied, s.OnlyLiveDenied, s.Skipped, s.Overflow} {
-			dst = binary.AppendUvarint(dst, v)
-		}
-		dst = binary.AppendVarint(dst, int64(s.WouldDenyUnits))
-		dst = binary.AppendUvarint(dst, uint64(len(c.series.points)))
-		for _, p := range c.series.points {
-			dst = binary.AppendVarint(dst, p.TimeUs)
-			dst = binary.AppendUvarint(dst, p.Evaluated)
-			dst = binary.AppendUvarint(dst, p.WouldDeny)
-			dst = binary.AppendUvarint(dst, p.LiveDenied)
-		}
-		top := c.top.entries()
-		dst = binary.AppendUvarint(dst, uint64(len(top)))
-		for _, t := range top {
-			dst = appendStr(dst, t.Key)
-			dst = binary.AppendUvarint(dst, t.WouldDeny)
-		}
-		dst, scratch = appendKeyState(dst, scratch, &c.over)
-		dst = binary.AppendUvarint(dst, uint64(len(c.keys)))
-		for _, ks := range c.keys {
-			dst = appendStr(dst, ks.key)
-			dst, scratch = appendKeyState(dst, scratch, ks)
+	for _, r := range rs {
+		for _, c := range r.cands {
+			dst, scratch = appendCandidate(dst, scratch, c)
 		}
 	}
 	return dst
+}
+
+// appendCandidate appends one candidate's part of a checkpoint.
+func appendCandidate(dst, scratch []byte, c *candidate) ([]byte, []byte) {
+	s := &c.sum
+	dst = appendStr(dst, c.p.Name)
+	dst = binary.AppendUvarint(dst, c.p.Revision)
+	dst = binary.AppendVarint(dst, s.SinceUs)
+	dst = binary.AppendVarint(dst, s.LastUs)
+	dst = binary.AppendVarint(dst, c.sweepAt)
+	for _, v := range [...]uint64{s.Evaluated, s.WouldAllow, s.WouldDeny, s.LiveDenied, s.BothDenied,
+		s.OnlyCandidateDenied, s.OnlyLiveDenied, s.Skipped, s.Overflow} {
+		dst = binary.AppendUvarint(dst, v)
+	}
+	dst = binary.AppendVarint(dst, int64(s.WouldDenyUnits))
+	dst = binary.AppendUvarint(dst, uint64(len(c.series.points)))
+	for _, p := range c.series.points {
+		dst = binary.AppendVarint(dst, p.TimeUs)
+		dst = binary.AppendUvarint(dst, p.Evaluated)
+		dst = binary.AppendUvarint(dst, p.WouldDeny)
+		dst = binary.AppendUvarint(dst, p.LiveDenied)
+	}
+	top := c.top.entries()
+	dst = binary.AppendUvarint(dst, uint64(len(top)))
+	for _, t := range top {
+		dst = appendStr(dst, t.Key)
+		dst = binary.AppendUvarint(dst, t.WouldDeny)
+	}
+	dst, scratch = appendKeyState(dst, scratch, &c.over)
+	dst = binary.AppendUvarint(dst, uint64(len(c.keys)))
+	for _, ks := range c.keys {
+		dst = appendStr(dst, ks.key)
+		dst, scratch = appendKeyState(dst, scratch, ks)
+	}
+	return dst, scratch
 }
 
 func appendStr(dst []byte, s string) []byte {

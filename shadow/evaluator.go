@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"regexp"
+	"runtime"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -45,6 +46,10 @@ type Config struct {
 	CheckpointInterval time.Duration
 	// Options bound the evaluation's memory (see [Options]).
 	Options Options
+	// Workers is the number of goroutines the candidates are evaluated
+	// on (each holds some of them; every one reads every record);
+	// default runtime.GOMAXPROCS(0).
+	Workers int
 	// Clock is the wall clock of updated_us and the lag metric; nil:
 	// time.Now.
 	Clock func() time.Time
@@ -118,6 +123,9 @@ func NewEvaluator(js jetstream.JetStream, cfg Config) (*Evaluator, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = runtime.GOMAXPROCS(0)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -166,7 +174,7 @@ func (e *Evaluator) Run(ctx context.Context) error {
 type session struct {
 	e       *Evaluator
 	st      *store
-	r       *Replay
+	p       *pool
 	cons    jetstream.Consumer
 	applied uint64 // last stream sequence applied
 	ckptSeq uint64 // sequence of the last checkpoint written
@@ -204,7 +212,8 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 		<-watchDone
 	}()
 
-	s := &session{e: e, st: st, r: NewReplay(e.cfg.Options), written: make(chan written, 1)}
+	s := &session{e: e, st: st, p: newPool(e.cfg.Workers, e.cfg.Options), written: make(chan written, 1)}
+	defer s.p.stop()
 	var first []*policies.Policy
 	select {
 	case <-ctx.Done():
@@ -213,7 +222,7 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 		return err
 	case first = <-cands:
 	}
-	s.r.SetCandidates(first)
+	s.p.setCandidates(first)
 	e.m.candidates.Set(float64(len(first)))
 
 	if err := s.restore(ctx); err != nil {
@@ -274,7 +283,7 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 			}
 			s.apply(m)
 		case list := <-cands:
-			s.r.SetCandidates(list)
+			s.p.setCandidates(list)
 			s.dirty = true
 			e.m.candidates.Set(float64(len(list)))
 		case <-flush.C:
@@ -304,14 +313,14 @@ func (s *session) restore(ctx context.Context) error {
 		s.e.log.Info("shadow: no checkpoint; evaluating from the consumer's position")
 		return nil
 	}
-	info, err := s.r.Restore(b)
+	info, err := s.p.restore(b)
 	if err != nil {
 		s.e.log.Error("shadow: checkpoint unreadable; counts start again", "err", err)
 		return nil
 	}
 	s.applied, s.ckptSeq = info.Seq, info.Seq
 	// The metrics count this process's evaluations, once each.
-	for _, sum := range s.r.Summaries() {
+	for _, sum := range s.p.summaries() {
 		s.e.counted[sum.Policy] = baseline(s.e.counted[sum.Policy], &sum)
 	}
 	s.e.log.Info("shadow: restored checkpoint", "seq", info.Seq, "candidates", info.Candidates, "restored", info.Restored)
@@ -342,9 +351,9 @@ func (s *session) consume(ctx context.Context) (jetstream.MessagesContext, error
 	if info := stream.CachedInfo(); info != nil && s.applied > info.State.LastSeq {
 		s.e.log.Warn("shadow: the checkpoint is past the stream's end (stream recreated?); counts start again",
 			"checkpoint", s.applied, "last", info.State.LastSeq)
-		list := candidatesOf(s.r)
-		s.r.SetCandidates(nil)
-		s.r.SetCandidates(list)
+		list := s.p.candidates()
+		s.p.setCandidates(nil)
+		s.p.setCandidates(list)
 		s.applied, s.ckptSeq = 0, 0
 	}
 	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
@@ -405,9 +414,7 @@ func (s *session) apply(m jetstream.Msg) {
 		s.e.log.Debug("shadow: invalid usage batch skipped", "seq", seq, "subject", m.Subject(), "err", err)
 		return
 	}
-	for i := range b.Records {
-		s.r.Apply(&b.Records[i])
-	}
+	s.p.apply(b.Records)
 }
 
 // flush writes every candidate's summary and deletes those of names no
@@ -423,7 +430,7 @@ func (s *session) flush(ctx context.Context) error {
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	current := map[string]bool{}
-	for _, sum := range s.r.Summaries() {
+	for _, sum := range s.p.summaries() {
 		current[sum.Policy] = true
 		s.e.counted[sum.Policy] = s.e.m.add(s.e.counted[sum.Policy], &sum)
 		sum.UpdatedUs = now.UnixMicro()
@@ -461,12 +468,13 @@ func (s *session) startCheckpoint(ctx context.Context) {
 	if s.writing || s.applied == s.ckptSeq && !s.dirty {
 		return
 	}
+	var sums []Summary
+	s.buf, sums = s.p.appendCheckpoint(s.buf[:0], s.applied)
 	// The metrics include whatever a checkpoint holds, so that a restore
 	// of it in this process does not count its records again.
-	for _, sum := range s.r.Summaries() {
+	for _, sum := range sums {
 		s.e.counted[sum.Policy] = s.e.m.add(s.e.counted[sum.Policy], &sum)
 	}
-	s.buf = s.r.AppendCheckpoint(s.buf[:0], s.applied)
 	w := written{seq: s.applied, msg: s.lastMsg, buf: s.buf}
 	s.writing, s.dirty, s.buf, s.lastMsg = true, false, nil, nil
 	go func() {

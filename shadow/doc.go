@@ -14,9 +14,11 @@
 // Around it: [Evaluator] (one active across the nodes, elected with
 // usage.Elector) consumes the usage stream with the durable consumer
 // usage.ShadowConsumer, learns the candidates from the policy bucket,
+// spreads them over a few workers (each a Replay holding some of them),
 // writes the summaries to the KV bucket <prefix>_shadow at least once a
-// second and checkpoints its state with the stream sequence it covers, so
-// that a failover neither loses nor double counts a record; [Backtest]
+// second and checkpoints its state with the stream sequence it covers (in
+// the object store <prefix>_shadow_state), so that a failover neither
+// loses nor double counts a record; [Backtest]
 // replays what the stream still holds through one policy document; and
 // [NewDashboard] serves the HTML dashboard and its server-sent events.
 //

@@ -19,6 +19,8 @@ import (
 //
 // A checkpoint is written as a new object, then made current by a
 // compare-and-swap of the pointer, then the previous object is deleted.
+// It holds every key of every candidate: about 60 bytes a key with one
+// bucket limit, so at most about 6 MB per candidate at DefaultMaxKeys.
 // Every write of the evaluator (pointer and summaries) is a
 // compare-and-swap on the revision it last wrote or read, so an evaluator
 // that lost its lease without knowing it fails its next write and stops

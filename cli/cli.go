@@ -56,6 +56,7 @@ func commands() []command {
 		{"demo", "the Acme story: one global limit against six local buckets", runDemo},
 		{"bench", "drive a node or cluster with load and measure it against raw NATS", runBench},
 		{"auth", "write a secured deployment (operator, accounts, creds) or add a tenant to one", runAuth},
+		{"shadow", "report, promote or backtest shadow candidates", runShadow},
 		{"version", "print the version", func(_ context.Context, _ []string, s stdio) error {
 			fmt.Fprintln(s.out, "limitmesh", Version)
 			return nil

@@ -1,0 +1,548 @@
+package shadow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"regexp"
+	"runtime"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/limitmesh/limitmesh/policies"
+	"github.com/limitmesh/limitmesh/usage"
+)
+
+// Defaults of [Config].
+const (
+	DefaultLease              = 3 * time.Second
+	DefaultFlushInterval      = time.Second
+	DefaultCheckpointInterval = time.Second
+)
+
+// Config configures an [Evaluator].
+type Config struct {
+	Prefix   string // installation prefix; default "rl"
+	NodeID   string // names this node in the lease entry; default random
+	Replicas int    // replicas of the buckets the evaluator creates; default 1
+	// Registerer gets the evaluator's metrics (limitmesh_shadow_*); nil
+	// registers none.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger // nil: discard
+	// Lease is the elector's lease: a dead evaluator's work moves to
+	// another node within about 1.33 lease. Default DefaultLease.
+	Lease time.Duration
+	// FlushInterval is how often the summaries are written; default (and
+	// at most) 1 s.
+	FlushInterval time.Duration
+	// CheckpointInterval is how often the state is checkpointed (and the
+	// stream acknowledged); a takeover replays at most about this much of
+	// the stream again. Default 1 s.
+	CheckpointInterval time.Duration
+	// Options bound the evaluation's memory (see [Options]).
+	Options Options
+	// Workers is the number of goroutines the candidates are evaluated
+	// on (each holds some of them; every one reads every record);
+	// default runtime.GOMAXPROCS(0).
+	Workers int
+	// Clock is the wall clock of updated_us and the lag metric; nil:
+	// time.Now.
+	Clock func() time.Time
+}
+
+var prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
+
+// Evaluator is the live shadow evaluator of CONTRACT.md §7. Every node
+// runs one; an elector (usage.Elector on key leader.shadow of
+// <prefix>_shadow) makes one of them active at a time. The active one:
+//
+//   - follows the candidates: the valid policies with "shadow": true in
+//     <prefix>_policies, each at its entry's revision;
+//   - restores the last checkpoint and consumes <PREFIX>_USAGE with the
+//     durable pull consumer usage.ShadowConsumer (acknowledge-all), reset
+//     to the sequence after the checkpoint, so every message is applied
+//     once: those at or below the checkpoint's sequence are skipped;
+//   - applies each valid usage batch's records to its [Replay], in stream
+//     order (messages that fail usage.DecodeBatch are skipped and
+//     counted);
+//   - writes every candidate's [Summary] to <prefix>_shadow every
+//     FlushInterval, and deletes the summaries of names that are no
+//     longer candidates;
+//   - checkpoints the Replay with the last applied sequence every
+//     CheckpointInterval, then acknowledges the stream up to it.
+//
+// A takeover therefore resumes from the last checkpoint: the messages after
+// it are applied again by the new evaluator, from the same state, and none
+// is lost or counted twice in the summaries once it has caught up.
+type Evaluator struct {
+	js  jetstream.JetStream
+	cfg Config
+	log *slog.Logger
+	m   *metrics
+	// counted is what the metrics include of each candidate's counts,
+	// across the terms of this process (one term runs at a time).
+	counted map[string]counted
+}
+
+// NewEvaluator returns an evaluator of the installation cfg.Prefix on js.
+// Errors match [ErrConfig] (a bad prefix or node id, negative intervals)
+// or come from registering the metrics.
+func NewEvaluator(js jetstream.JetStream, cfg Config) (*Evaluator, error) {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "rl"
+	}
+	if !prefixRE.MatchString(cfg.Prefix) {
+		return nil, fmt.Errorf("%w: prefix %q", ErrConfig, cfg.Prefix)
+	}
+	if cfg.NodeID == "" {
+		cfg.NodeID = usage.NewBoot()
+	}
+	if !usage.ValidKVKey(cfg.NodeID) {
+		return nil, fmt.Errorf("%w: node id %q", ErrConfig, cfg.NodeID)
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.Lease < 0 || cfg.FlushInterval < 0 || cfg.CheckpointInterval < 0 {
+		return nil, fmt.Errorf("%w: negative duration", ErrConfig)
+	}
+	if cfg.Lease == 0 {
+		cfg.Lease = DefaultLease
+	}
+	if cfg.FlushInterval == 0 || cfg.FlushInterval > DefaultFlushInterval {
+		cfg.FlushInterval = DefaultFlushInterval
+	}
+	if cfg.CheckpointInterval == 0 {
+		cfg.CheckpointInterval = DefaultCheckpointInterval
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = runtime.GOMAXPROCS(0)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Evaluator{js: js, cfg: cfg, log: log.With("component", "shadow"), m: m, counted: map[string]counted{}}, nil
+}
+
+// Run takes part in the election until ctx ends, evaluating while this
+// node leads. It creates the summary bucket and the state object store when
+// missing and waits for the usage stream and the policy bucket to exist.
+// It returns nil when ctx ends, or an error when the buckets cannot be set
+// up before that.
+func (e *Evaluator) Run(ctx context.Context) error {
+	var (
+		kv  jetstream.KeyValue
+		obs jetstream.ObjectStore
+		err error
+	)
+	for {
+		kv, obs, err = ensureBuckets(ctx, e.js, e.cfg.Prefix, e.cfg.Replicas)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		e.log.Warn("shadow: buckets not ready; retrying", "err", err)
+		if !sleepCtx(ctx, time.Second) {
+			return nil
+		}
+	}
+	el := usage.NewElector(kv, LeaderKey, e.cfg.NodeID, e.cfg.Lease, e.log)
+	return el.Run(ctx, func(ctx context.Context) error {
+		e.m.leader.Set(1)
+		defer e.m.leader.Set(0)
+		defer e.m.candidates.Set(0)
+		return e.lead(ctx, &store{kv: kv, obs: obs})
+	})
+}
+
+// session is the state of one term as the active evaluator.
+type session struct {
+	e       *Evaluator
+	st      *store
+	p       *pool
+	cons    jetstream.Consumer
+	applied uint64 // last stream sequence applied
+	ckptSeq uint64 // sequence of the last checkpoint written
+	dirty   bool   // the candidate set changed since the last checkpoint
+	// A checkpoint is encoded in the loop and written by a goroutine of
+	// its own (one at a time), so the loop goes on applying meanwhile;
+	// the write's outcome comes back on written.
+	writing bool
+	written chan written
+	buf     []byte // the last checkpoint's buffer, reused
+	lastMsg jetstream.Msg
+	lagFrom time.Time // stream time of the last message applied while more waited
+}
+
+// written is the outcome of one checkpoint write.
+type written struct {
+	seq  uint64
+	msg  jetstream.Msg // the last message it covers, to acknowledge
+	buf  []byte
+	took time.Duration
+	err  error
+}
+
+// lead is the job of the active evaluator.
+func (e *Evaluator) lead(ctx context.Context, st *store) error {
+	cands := make(chan []*policies.Policy, 1)
+	wctx, stopWatch := context.WithCancel(ctx)
+	watchErr, watchDone := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		watchErr <- watchCandidates(wctx, e.js, e.cfg.Prefix+"_policies", cands, e.log)
+	}()
+	defer func() {
+		stopWatch()
+		<-watchDone
+	}()
+
+	s := &session{e: e, st: st, p: newPool(e.cfg.Workers, e.cfg.Options), written: make(chan written, 1)}
+	defer s.p.stop()
+	var first []*policies.Policy
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case err := <-watchErr:
+		return err
+	case first = <-cands:
+	}
+	s.p.setCandidates(first)
+	e.m.candidates.Set(float64(len(first)))
+
+	if err := s.restore(ctx); err != nil {
+		return err
+	}
+	it, err := s.consume(ctx)
+	if err != nil {
+		return err
+	}
+	msgs := make(chan jetstream.Msg, 256)
+	readErr := make(chan error, 1)
+	go func() {
+		defer close(msgs)
+		for {
+			m, err := it.Next()
+			if err != nil {
+				readErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	defer func() {
+		it.Stop()
+		for range msgs {
+		}
+	}()
+
+	flush := time.NewTicker(e.cfg.FlushInterval)
+	defer flush.Stop()
+	ckpt := time.NewTicker(e.cfg.CheckpointInterval)
+	defer ckpt.Stop()
+	if err := s.flush(ctx); err != nil {
+		return err
+	}
+	in := (<-chan jetstream.Msg)(msgs)
+	for {
+		select {
+		case <-ctx.Done():
+			s.final()
+			return ctx.Err()
+		case err := <-watchErr:
+			return err
+		case err := <-readErr:
+			if ctx.Err() != nil {
+				s.final()
+				return ctx.Err()
+			}
+			return fmt.Errorf("consume %s: %w", usage.StreamName(e.cfg.Prefix), err)
+		case m, ok := <-in:
+			if !ok {
+				in = nil // the reader ended: its error is on readErr
+				continue
+			}
+			s.apply(m)
+		case list := <-cands:
+			s.p.setCandidates(list)
+			s.dirty = true
+			e.m.candidates.Set(float64(len(list)))
+		case <-flush.C:
+			if err := s.flush(ctx); err != nil {
+				return err
+			}
+		case <-ckpt.C:
+			s.startCheckpoint(ctx)
+		case w := <-s.written:
+			if err := s.checkpointed(w); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// restore loads the last checkpoint into the Replay.
+func (s *session) restore(ctx context.Context) error {
+	b, err := s.st.load(ctx)
+	switch {
+	case errors.Is(err, ErrCorrupt) || errors.Is(err, jetstream.ErrObjectNotFound):
+		s.e.log.Error("shadow: checkpoint unreadable; counts start again", "err", err)
+		return nil
+	case err != nil:
+		return err
+	case b == nil:
+		s.e.log.Info("shadow: no checkpoint; evaluating from the consumer's position")
+		return nil
+	}
+	info, err := s.p.restore(b)
+	if err != nil {
+		s.e.log.Error("shadow: checkpoint unreadable; counts start again", "err", err)
+		return nil
+	}
+	s.applied, s.ckptSeq = info.Seq, info.Seq
+	// The metrics count this process's evaluations, once each.
+	for _, sum := range s.p.summaries() {
+		s.e.counted[sum.Policy] = baseline(s.e.counted[sum.Policy], &sum)
+	}
+	s.e.log.Info("shadow: restored checkpoint", "seq", info.Seq, "candidates", info.Candidates, "restored", info.Restored)
+	return nil
+}
+
+// consume sets up the durable consumer at the sequence after the
+// checkpoint and starts reading it.
+func (s *session) consume(ctx context.Context) (jetstream.MessagesContext, error) {
+	name := usage.StreamName(s.e.cfg.Prefix)
+	var stream jetstream.Stream
+	for {
+		var err error
+		stream, err = s.e.js.Stream(ctx, name)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			s.e.log.Debug("shadow: open usage stream", "stream", name, "err", err)
+		}
+		if !sleepCtx(ctx, 250*time.Millisecond) {
+			return nil, ctx.Err()
+		}
+	}
+	if info := stream.CachedInfo(); info != nil && s.applied > info.State.LastSeq {
+		s.e.log.Warn("shadow: the checkpoint is past the stream's end (stream recreated?); counts start again",
+			"checkpoint", s.applied, "last", info.State.LastSeq)
+		list := s.p.candidates()
+		s.p.setCandidates(nil)
+		s.p.setCandidates(list)
+		s.applied, s.ckptSeq = 0, 0
+	}
+	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable:       usage.ShadowConsumer,
+		Description:   "limitmesh shadow evaluator (CONTRACT.md §7)",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckAllPolicy,
+		AckWait:       max(30*time.Second, 4*s.e.cfg.CheckpointInterval),
+		MaxAckPending: 100_000,
+		MaxDeliver:    -1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: %w", usage.ShadowConsumer, err)
+	}
+	// Deliver from the message after the checkpoint (or after the ack
+	// floor when there is none): what a previous evaluator was delivered
+	// but did not checkpoint is delivered again, in order.
+	if s.applied > 0 {
+		_, err = s.e.js.ResetConsumerToSequence(ctx, name, usage.ShadowConsumer, s.applied+1)
+	} else {
+		_, err = s.e.js.ResetConsumer(ctx, name, usage.ShadowConsumer)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reset consumer %s: %w", usage.ShadowConsumer, err)
+	}
+	s.cons = cons
+	return cons.Messages(jetstream.PullMaxMessages(1000))
+}
+
+// candidatesOf returns the policies of r's candidates.
+func candidatesOf(r *Replay) []*policies.Policy {
+	out := make([]*policies.Policy, len(r.cands))
+	for i, c := range r.cands {
+		out[i] = c.p
+	}
+	return out
+}
+
+// apply applies one message of the stream.
+func (s *session) apply(m jetstream.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		return
+	}
+	seq := meta.Sequence.Stream
+	if seq <= s.applied {
+		return // applied before the checkpoint this term resumed from, or redelivered
+	}
+	s.applied, s.lastMsg = seq, m
+	if meta.NumPending > 0 {
+		s.lagFrom = meta.Timestamp
+	} else {
+		s.lagFrom = time.Time{}
+	}
+	b, err := usage.DecodeBatch(m.Data())
+	if err != nil {
+		s.e.m.invalid.Inc()
+		s.e.log.Debug("shadow: invalid usage batch skipped", "seq", seq, "subject", m.Subject(), "err", err)
+		return
+	}
+	s.p.apply(b.Records)
+}
+
+// flush writes every candidate's summary and deletes those of names no
+// longer candidates; it also updates the metrics. It fails only when
+// another evaluator took over (errFenced).
+func (s *session) flush(ctx context.Context) error {
+	now := s.e.cfg.Clock()
+	if s.lagFrom.IsZero() {
+		s.e.m.lag.Set(0)
+	} else {
+		s.e.m.lag.Set(max(0, now.Sub(s.lagFrom).Seconds()))
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	current := map[string]bool{}
+	for _, sum := range s.p.summaries() {
+		current[sum.Policy] = true
+		s.e.counted[sum.Policy] = s.e.m.add(s.e.counted[sum.Policy], &sum)
+		sum.UpdatedUs = now.UnixMicro()
+		v, _ := json.Marshal(sum)
+		if err := s.wrote(s.st.putSummary(wctx, sum.Policy, v)); err != nil {
+			return err
+		}
+	}
+	for name := range s.st.revs {
+		if !current[name] {
+			if err := s.wrote(s.st.deleteSummary(wctx, name)); err != nil {
+				return err
+			}
+			delete(s.e.counted, name)
+		}
+	}
+	return nil
+}
+
+// wrote passes on errFenced (the term must end) and logs any other write
+// error: the next flush writes again.
+func (s *session) wrote(err error) error {
+	if err == nil || errors.Is(err, errFenced) {
+		return err
+	}
+	s.e.log.Warn("shadow: summary write failed; writing again at the next flush", "err", err)
+	return nil
+}
+
+// startCheckpoint encodes the state, when anything changed since the last
+// checkpoint and no write is in flight, and writes it in the background.
+// The store's pointer fields are the writer's alone meanwhile (flush uses
+// only the summaries' revisions).
+func (s *session) startCheckpoint(ctx context.Context) {
+	if s.writing || s.applied == s.ckptSeq && !s.dirty {
+		return
+	}
+	var sums []Summary
+	s.buf, sums = s.p.appendCheckpoint(s.buf[:0], s.applied)
+	// The metrics include whatever a checkpoint holds, so that a restore
+	// of it in this process does not count its records again.
+	for _, sum := range sums {
+		s.e.counted[sum.Policy] = s.e.m.add(s.e.counted[sum.Policy], &sum)
+	}
+	w := written{seq: s.applied, msg: s.lastMsg, buf: s.buf}
+	s.writing, s.dirty, s.buf, s.lastMsg = true, false, nil, nil
+	go func() {
+		began := time.Now()
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		w.err = s.st.checkpoint(wctx, w.buf, w.seq, s.e.cfg.NodeID)
+		w.took = time.Since(began)
+		s.written <- w
+	}()
+}
+
+// checkpointed takes the outcome of a checkpoint write: on success the
+// stream is acknowledged up to it (acknowledge-all); a failed write is
+// tried again at the next tick; a fenced one ends the term.
+func (s *session) checkpointed(w written) error {
+	s.writing, s.buf = false, w.buf
+	switch {
+	case errors.Is(w.err, errFenced):
+		s.e.m.checkpoints.WithLabelValues("fenced").Inc()
+		return w.err
+	case w.err != nil:
+		s.e.m.checkpoints.WithLabelValues("error").Inc()
+		s.e.log.Warn("shadow: checkpoint failed; trying again", "err", w.err)
+		s.dirty = true
+		if s.lastMsg == nil {
+			s.lastMsg = w.msg
+		}
+		return nil
+	}
+	s.e.m.checkpoints.WithLabelValues("ok").Inc()
+	s.e.m.ckptBytes.Set(float64(len(w.buf)))
+	s.ckptSeq = w.seq
+	if w.msg != nil {
+		w.msg.Ack() // acknowledge-all: everything up to it
+	}
+	if w.took > s.e.cfg.CheckpointInterval {
+		s.e.log.Debug("shadow: slow checkpoint", "bytes", len(w.buf), "took", w.took)
+	}
+	return nil
+}
+
+// final writes a last checkpoint and summaries when the term ends (with a
+// fresh deadline: the term's context is over). A successor that took over
+// meanwhile fences these writes.
+func (s *session) final() {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if s.writing {
+		select {
+		case w := <-s.written:
+			if s.checkpointed(w) != nil {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+	s.startCheckpoint(ctx)
+	if s.writing {
+		select {
+		case w := <-s.written:
+			if s.checkpointed(w) != nil {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+	s.flush(ctx)
+}

@@ -1,0 +1,323 @@
+package shadow
+
+import (
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/policies"
+	"github.com/limitmesh/limitmesh/usage"
+)
+
+// DefaultMaxKeys is the default number of limit keys one candidate keeps
+// state for (Options.MaxKeys). With one bucket limit a key costs about 250
+// bytes, so a candidate at the cap holds about 25 MB.
+const DefaultMaxKeys = 100_000
+
+// Options are the bounds of a [Replay]. The zero value takes the defaults.
+type Options struct {
+	// MaxKeys is the most limit keys one candidate keeps state for;
+	// default DefaultMaxKeys. When a record of a new key finds the
+	// candidate full, the keys whose state is at rest (decides exactly as
+	// a never-seen key would) are dropped, at most once per second of
+	// record time; if the candidate is still full, the record is decided
+	// against the candidate's one shared overflow state (key
+	// OverflowKey(name)) and counted in Summary.Overflow.
+	MaxKeys int
+	// TopTracked is the most keys whose would-be denials a candidate
+	// counts for its TopDenied ranking; default DefaultTopTracked.
+	TopTracked int
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxKeys <= 0 {
+		o.MaxKeys = DefaultMaxKeys
+	}
+	if o.TopTracked <= 0 {
+		o.TopTracked = DefaultTopTracked
+	}
+	return o
+}
+
+// OverflowKey is the limit key of the state a candidate decides the
+// records of its overflowing keys against: "p.<name>._overflow". No
+// canonical limit key has that form (their tokens after the name start
+// with a dimension name, or "_h" for a digest).
+func OverflowKey(name string) string { return "p." + name + "._overflow" }
+
+// Replay is the pure core of shadow evaluation. It replays usage records,
+// in stream order, through a set of candidate policies, each with limiter
+// state of its own, and counts per candidate what [Summary] holds.
+//
+// Every candidate is evaluated on its own, whatever the live policies are:
+// a record is evaluated by each candidate whose match covers its descriptor
+// (CONTRACT.md §3 match rule, applied to the candidate alone), so the
+// records no live policy matched (policy "") count as much as the others.
+// The candidate's limit key is its own (Policy.LimitKey of the descriptor);
+// a descriptor lacking a key dimension is skipped and counted. The
+// decision is kvstate.DecideAll over the candidate's limits at the
+// record's t_us (in ns) with the record's cost, against the key's state.
+//
+// A Replay is not safe for concurrent use; it reads no clock and does no
+// I/O. Its memory is bounded by Options.
+type Replay struct {
+	opt    Options
+	cands  []*candidate // by name
+	keyBuf []byte
+}
+
+// candidate is one candidate revision under evaluation.
+type candidate struct {
+	p       *policies.Policy
+	limits  []kvstate.Limit
+	sum     Summary // counts; TopDenied, Series and Keys are filled on output
+	keys    map[string]*keyState
+	over    keyState // the shared overflow state
+	top     *topSet
+	series  series
+	sweepAt int64 // record time (ns) before which the keys are not swept again
+	scratch []kvstate.State
+}
+
+// keyState is one limit key's state under a candidate and the would-be
+// denials it has seen since it was created.
+type keyState struct {
+	key    string
+	states []kvstate.State
+	denied uint64
+}
+
+// NewReplay returns a Replay with no candidates.
+func NewReplay(opt Options) *Replay {
+	return &Replay{opt: opt.withDefaults()}
+}
+
+// SetCandidates makes ps (non-nil, valid policies with distinct names) the
+// candidates. A candidate already under evaluation with the same name and
+// revision keeps its counts and state; any other starts at 0 with fresh
+// state (a new revision restarts its counts); candidates not in ps are
+// dropped. The Replay evaluates every policy it is given: filtering on
+// Policy.Shadow is the caller's business.
+func (r *Replay) SetCandidates(ps []*policies.Policy) {
+	old := r.cands
+	r.cands = make([]*candidate, 0, len(ps))
+	for _, p := range ps {
+		if c := findCandidate(old, p.Name); c != nil && c.p.Revision == p.Revision {
+			c.p = p
+			r.cands = append(r.cands, c)
+			continue
+		}
+		r.cands = append(r.cands, r.newCandidate(p))
+	}
+	slices.SortFunc(r.cands, func(a, b *candidate) int { return strings.Compare(a.p.Name, b.p.Name) })
+}
+
+func findCandidate(cs []*candidate, name string) *candidate {
+	i, ok := slices.BinarySearchFunc(cs, name, func(c *candidate, n string) int { return strings.Compare(c.p.Name, n) })
+	if !ok {
+		return nil
+	}
+	return cs[i]
+}
+
+func (r *Replay) newCandidate(p *policies.Policy) *candidate {
+	c := &candidate{
+		p:      p,
+		limits: make([]kvstate.Limit, len(p.Limits)),
+		keys:   map[string]*keyState{},
+		top:    newTopSet(r.opt.TopTracked),
+		over:   keyState{key: OverflowKey(p.Name)},
+	}
+	for i, l := range p.Limits {
+		c.limits[i] = l.Limit
+	}
+	c.sum.Policy, c.sum.Revision = p.Name, p.Revision
+	return c
+}
+
+// Apply evaluates one record against every candidate that matches its
+// descriptor. rec.Descriptor must be valid and sorted (as
+// usage.DecodeBatch returns it) and rec.Cost > 0.
+func (r *Replay) Apply(rec *usage.Record) {
+	now := usToNs(rec.TimeUs)
+	for _, c := range r.cands {
+		if !matches(c.p, rec.Descriptor) {
+			continue
+		}
+		key, err := c.p.AppendLimitKey(r.keyBuf[:0], rec.Descriptor)
+		if err != nil {
+			c.sum.Skipped++
+			continue
+		}
+		r.keyBuf = key
+		c.apply(r.opt.MaxKeys, key, rec, now)
+	}
+}
+
+// apply decides rec against key's state and counts the outcome.
+func (c *candidate) apply(maxKeys int, key []byte, rec *usage.Record, now int64) {
+	ks := c.keys[string(key)]
+	overflow := false
+	if ks == nil {
+		if len(c.keys) >= maxKeys && now >= c.sweepAt {
+			c.sweep(now)
+			c.sweepAt = satAddNs(now, kvstate.Second)
+		}
+		if len(c.keys) < maxKeys {
+			ks = &keyState{key: string(key)}
+			c.keys[ks.key] = ks
+		} else {
+			ks, overflow = &c.over, true
+		}
+	}
+	var d kvstate.Decision
+	if len(c.limits) == 1 {
+		// One limit: decide in place (DecideAll would copy the states).
+		if len(ks.states) == 0 {
+			ks.states = make([]kvstate.State, 1)
+		}
+		var ns kvstate.State
+		d, ns = kvstate.Decide(c.limits[0], ks.states[0], now, rec.Cost)
+		if d.Allowed {
+			ks.states[0] = ns
+		}
+	} else {
+		var out []kvstate.State
+		d, out = kvstate.DecideAll(c.limits, ks.states, now, rec.Cost, c.scratch[:0])
+		c.scratch = out
+		if d.Allowed {
+			ks.states = append(ks.states[:0], out...)
+		}
+	}
+
+	s := &c.sum
+	if s.Evaluated == 0 {
+		s.SinceUs = rec.TimeUs
+	}
+	s.Evaluated++
+	s.LastUs = rec.TimeUs
+	if overflow {
+		s.Overflow++
+	}
+	live := !rec.Allowed
+	if live {
+		s.LiveDenied++
+	}
+	switch {
+	case d.Allowed:
+		s.WouldAllow++
+		if live {
+			s.OnlyLiveDenied++
+		}
+	default:
+		s.WouldDeny++
+		s.WouldDenyUnits = Units(satAddNs(int64(s.WouldDenyUnits), rec.Cost))
+		if live {
+			s.BothDenied++
+		} else {
+			s.OnlyCandidateDenied++
+		}
+		ks.denied++
+		c.top.denied(ks.key, ks.denied)
+	}
+	c.series.add(rec.TimeUs, !d.Allowed, live)
+}
+
+// sweep drops the keys whose state is at rest at now: it decides every
+// request from now on exactly as a never-seen key's would.
+func (c *candidate) sweep(now int64) {
+	for k, ks := range c.keys {
+		if atRest(c.limits, ks.states, now) {
+			delete(c.keys, k)
+		}
+	}
+}
+
+// atRest reports whether states, advanced to now, equal a never-seen
+// key's states advanced to now.
+func atRest(limits []kvstate.Limit, states []kvstate.State, now int64) bool {
+	for i, l := range limits {
+		var s kvstate.State
+		if i < len(states) {
+			s = states[i]
+		}
+		if !sameState(kvstate.Advance(l, s, now), kvstate.Advance(l, kvstate.State{}, now)) {
+			return false
+		}
+	}
+	return true
+}
+
+func sameState(a, b kvstate.State) bool {
+	return a.Algorithm == b.Algorithm && a.Tokens == b.Tokens && a.Frac == b.Frac && a.Last == b.Last &&
+		a.TAT == b.TAT && a.TATFrac == b.TATFrac && a.WindowStart == b.WindowStart &&
+		a.Count == b.Count && a.Prev == b.Prev && slices.Equal(a.Log, b.Log) && slices.Equal(a.Holds, b.Holds)
+}
+
+// matches reports whether p's match covers d: every match dimension is in
+// d with an equal value, or any value for "*". Both are sorted by name.
+func matches(p *policies.Policy, d policies.Descriptor) bool {
+	j := 0
+	for _, m := range p.Match {
+		for j < len(d) && d[j].Name < m.Name {
+			j++
+		}
+		if j == len(d) || d[j].Name != m.Name {
+			return false
+		}
+		if m.Value != policies.AnyValue && d[j].Value != m.Value {
+			return false
+		}
+		j++
+	}
+	return true
+}
+
+// Summaries returns the summary of every candidate, by name.
+func (r *Replay) Summaries() []Summary {
+	out := make([]Summary, len(r.cands))
+	for i, c := range r.cands {
+		out[i] = c.summary()
+	}
+	return out
+}
+
+// Summary returns the summary of the candidate named name.
+func (r *Replay) Summary(name string) (Summary, bool) {
+	c := findCandidate(r.cands, name)
+	if c == nil {
+		return Summary{}, false
+	}
+	return c.summary(), true
+}
+
+func (c *candidate) summary() Summary {
+	s := c.sum
+	s.TopDenied = c.top.top(TopN)
+	s.Series = slices.Clone(c.series.points)
+	if s.Series == nil {
+		s.Series = []Point{}
+	}
+	s.Keys = len(c.keys)
+	return s
+}
+
+// usToNs converts Unix microseconds to nanoseconds, saturating.
+func usToNs(us int64) int64 {
+	switch {
+	case us > math.MaxInt64/1000:
+		return math.MaxInt64
+	case us < math.MinInt64/1000:
+		return math.MinInt64
+	}
+	return us * 1000
+}
+
+// satAddNs returns a+b (b >= 0) saturated at math.MaxInt64.
+func satAddNs(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}

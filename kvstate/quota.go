@@ -138,3 +138,21 @@ func decideQuota(l *Limit, s *State, now, cost int64, out *State) Decision {
 	*out = State{Algorithm: Quota, WindowStart: start, Count: spent}
 	return d
 }
+
+// QuotaSpent returns the micro-units quota limit l's state s has spent in
+// the UTC period containing at (Unix ns): 0 when the state's period ended
+// before that period began (or s is not a quota state); ok false when the
+// state is of a later period, which no longer tells at's.
+func QuotaSpent(l Limit, s State, at int64) (spent int64, ok bool) {
+	if l.Algorithm != Quota || !l.Period.valid() {
+		return 0, false
+	}
+	start, _ := periodBounds(l.Period, at)
+	switch {
+	case s.Algorithm != Quota || s.WindowStart < start:
+		return 0, true
+	case s.WindowStart > start:
+		return 0, false
+	}
+	return max(s.Count, 0), true
+}

@@ -451,3 +451,27 @@ func TestQuotaPerPeriod(t *testing.T) {
 		}
 	})
 }
+
+func TestQuotaSpent(t *testing.T) {
+	l := Limit{Algorithm: Quota, Limit: 100 * Unit, Period: Day}
+	day := 24 * 3600 * Second
+	t0 := 20000 * day // a day boundary
+	_, s := Decide(l, State{}, t0+5, 7*Unit)
+	for _, c := range []struct {
+		at    int64
+		spent int64
+		ok    bool
+	}{
+		{t0, 7 * Unit, true},           // the state's own day
+		{t0 + day - 1, 7 * Unit, true}, // still that day
+		{t0 + day, 0, true},            // the next day: nothing spent yet
+		{t0 - 1, 0, false},             // the day before: the state no longer tells
+	} {
+		if spent, ok := QuotaSpent(l, s, c.at); spent != c.spent || ok != c.ok {
+			t.Errorf("QuotaSpent at %d: %d %v, want %d %v", c.at-t0, spent, ok, c.spent, c.ok)
+		}
+	}
+	if _, ok := QuotaSpent(Limit{Algorithm: TokenBucket, Rate: 1, Burst: 1}, s, t0); ok {
+		t.Error("QuotaSpent of a token bucket")
+	}
+}

@@ -42,6 +42,8 @@ import (
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 	"github.com/limitmesh/limitmesh/mesh/internal/service"
+	"github.com/limitmesh/limitmesh/shadow"
+	"github.com/limitmesh/limitmesh/usage"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
@@ -122,6 +124,16 @@ type NodeConfig struct {
 	// NoJournal writes every state record to the state bucket (one
 	// compare-and-swap per key and batch) instead of journalling them.
 	NoJournal bool
+	// NoUsage turns the usage stream off: no usage records, no ledger, no
+	// shadow evaluation.
+	NoUsage bool
+	// UsageInterval is how often usage records are published (default
+	// DefaultUsageInterval); UsageRetention and UsageMaxBytes bound the
+	// usage stream a node creates (defaults DefaultUsageRetention,
+	// DefaultUsageMaxBytes).
+	UsageInterval  time.Duration
+	UsageRetention time.Duration
+	UsageMaxBytes  int64
 	// Binder binds each request's tenant to its calling NATS account in a
 	// secured deployment (CONTRACT §9); nil: unsecured, the
 	// Nats-Request-Info header is ignored.
@@ -153,7 +165,8 @@ type Node struct {
 	policies *policyset.Set
 	route    *route.Table
 	svc      *service.Service
-	member   *member.Member // nil before Start
+	member   *member.Member   // nil before Start
+	pub      *usage.Publisher // nil before Start and with NoUsage
 
 	ready atomic.Bool
 
@@ -196,6 +209,15 @@ func NewNode(nc *nats.Conn, cfg NodeConfig) (*Node, error) {
 	}
 	if cfg.AsyncInterval <= 0 {
 		cfg.AsyncInterval = DefaultAsyncInterval
+	}
+	if cfg.UsageInterval <= 0 {
+		cfg.UsageInterval = DefaultUsageInterval
+	}
+	if cfg.UsageRetention <= 0 {
+		cfg.UsageRetention = DefaultUsageRetention
+	}
+	if cfg.UsageMaxBytes <= 0 {
+		cfg.UsageMaxBytes = DefaultUsageMaxBytes
 	}
 	if cfg.Partitions == 0 {
 		cfg.Partitions = DefaultPartitions
@@ -362,6 +384,29 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		return fmt.Errorf("mesh: waiting for the initial policies: %w", ctx.Err())
 	}
 
+	// Usage: the stream, this node's publisher, the ledger and the shadow
+	// evaluator (each one active across the nodes, under a lease).
+	var sink usageSink
+	boot := usage.NewBoot()
+	if !n.cfg.NoUsage {
+		if err := n.retryJS(ctx, "stream "+usage.StreamName(n.cfg.Prefix), func(ctx context.Context) error {
+			_, err := usage.EnsureStream(ctx, js, usage.StreamConfig{Prefix: n.cfg.Prefix, Replicas: n.cfg.Replicas,
+				Retention: n.cfg.UsageRetention, MaxBytes: n.cfg.UsageMaxBytes})
+			return err
+		}); err != nil {
+			return fmt.Errorf("mesh: usage stream: %w", err)
+		}
+		pub, err := usage.NewPublisher(js, usage.PublisherConfig{Prefix: n.cfg.Prefix, Node: n.cfg.NodeID, Boot: boot,
+			Interval: n.cfg.UsageInterval, Registerer: n.reg, Logger: n.log})
+		if err != nil {
+			return fmt.Errorf("mesh: usage publisher: %w", err)
+		}
+		n.pub, sink = pub, usageSink{pub}
+		if err := n.startLedger(ctx, bgctx, js); err != nil {
+			return err
+		}
+	}
+
 	// The member: journal, keys, ownership.
 	var jr *journal.Journal
 	var m *member.Member
@@ -377,6 +422,7 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 				Timeout:            n.cfg.DecisionTimeout,
 				CheckpointInterval: min(n.cfg.CheckpointInterval, n.cfg.StateTTL/4),
 				ReadCache:          2 * n.cfg.LeaseTime,
+				Boot:               boot,
 				Log:                n.log,
 			},
 			JS:       js,
@@ -388,6 +434,9 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		})
 		if err != nil {
 			return err
+		}
+		if n.pub != nil {
+			jr.SetUsage(sink)
 		}
 		for _, c := range jr.Collectors() {
 			if err := n.reg.Register(c); err != nil {
@@ -416,13 +465,14 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		Runtime:         n.rt,
 		Route:           n.route,
 		Journal:         jr,
-		Store:           store,
+		Store:           member.BucketStore{Bucket: store, Usage: sink.directOf},
 		Keys: keys.Config{
 			Env:           n.policies,
 			Versions:      versionFetcher{watcher},
 			MaxConflicts:  n.cfg.MaxConflicts,
 			TTL:           n.cfg.StateTTL,
 			AsyncInterval: n.cfg.AsyncInterval,
+			LostUsage:     sink.lost,
 			Log:           n.log,
 			Metrics:       km,
 		},
@@ -445,6 +495,7 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		Runtime:         n.rt,
 		DecisionTimeout: n.cfg.DecisionTimeout,
 		Binder:          n.cfg.Binder,
+		Usage:           n.pub,
 		Log:             n.log,
 		Metrics:         sm,
 	})
@@ -684,6 +735,13 @@ func (n *Node) Stop(ctx context.Context) error {
 			}
 		}
 	}
+	// Every decision is answered: publish their usage before the ledger
+	// and the evaluator stop.
+	if n.pub != nil {
+		if perr := n.pub.Close(ctx); perr != nil {
+			n.log.Warn("usage records not published before the stop", "records", n.pub.Held(), "error", perr.Error())
+		}
+	}
 	if n.cancel != nil {
 		n.cancel()
 	}
@@ -708,6 +766,13 @@ func (n *Node) Stop(ctx context.Context) error {
 func (n *Node) HTTPHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.reg, promhttp.HandlerOpts{Registry: n.reg}))
+	if !n.cfg.NoUsage {
+		if js, err := jetstream.New(n.nc); err == nil {
+			d := shadow.NewDashboard(js, shadow.DashboardConfig{Prefix: n.cfg.Prefix, Logger: n.log})
+			mux.Handle("GET /shadow", d)
+			mux.Handle("GET /shadow/", d)
+		}
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
@@ -731,4 +796,30 @@ func (n *Node) HTTPHandler() http.Handler {
 // kvstate.ErrNotFound when there is none. For diagnostics and tests.
 func ReadStateRecord(ctx context.Context, js jetstream.JetStream, prefix, key string) ([]byte, error) {
 	return journal.ReadStateRecord(ctx, js, prefix, key)
+}
+
+// startLedger starts, under their leases, the usage ledger's reconciler and
+// the shadow evaluator: every node runs both, one of each active at a time.
+func (n *Node) startLedger(ctx, bgctx context.Context, js jetstream.JetStream) error {
+	if err := n.retryJS(ctx, "bucket "+usage.LedgerBucket(n.cfg.Prefix), func(ctx context.Context) error {
+		_, err := usage.EnsureLedger(ctx, js, n.cfg.Prefix, n.cfg.Replicas)
+		return err
+	}); err != nil {
+		return fmt.Errorf("mesh: usage ledger: %w", err)
+	}
+	rec, err := usage.NewReconciler(ctx, js, usage.ReconcilerConfig{Prefix: n.cfg.Prefix, Node: n.cfg.NodeID,
+		Replicas: n.cfg.Replicas, QuotaLimits: quotaLimits(n.policies),
+		QuotaState: quotaState(js, n.cfg.Prefix, n.policies), Registerer: n.reg, Logger: n.log})
+	if err != nil {
+		return fmt.Errorf("mesh: usage ledger: %w", err)
+	}
+	el := usage.NewElector(rec.KV(), usage.LedgerLeaderKey, n.cfg.NodeID, n.cfg.LeaseTime, n.log)
+	n.bg.Go(func() { _ = el.Run(bgctx, rec.Run) })
+	ev, err := shadow.NewEvaluator(js, shadow.Config{Prefix: n.cfg.Prefix, NodeID: n.cfg.NodeID,
+		Replicas: n.cfg.Replicas, Lease: n.cfg.LeaseTime, Registerer: n.reg, Logger: n.log})
+	if err != nil {
+		return fmt.Errorf("mesh: shadow evaluator: %w", err)
+	}
+	n.bg.Go(func() { _ = ev.Run(bgctx) })
+	return nil
 }

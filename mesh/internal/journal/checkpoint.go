@@ -208,22 +208,39 @@ func (c *checkpointer) advanceMark(done func()) {
 		done()
 		return
 	}
-	j.cfg.Bucket.PutAsync(markPrefix+j.cfg.Self, strconv.AppendUint(nil, m, 10), j.cfg.Timeout, func(_ uint64, err error) {
+	put := func() {
+		j.cfg.Bucket.PutAsync(markPrefix+j.cfg.Self, strconv.AppendUint(nil, m, 10), j.cfg.Timeout, func(_ uint64, err error) {
+			if err != nil {
+				j.log.Warn("recording the journal mark", "error", err.Error())
+				done()
+				return
+			}
+			j.log.Debug("journal mark advanced", "from", old, "to", m)
+			c.mu.Lock()
+			c.mark = max(c.mark, m)
+			c.mu.Unlock()
+			j.cfg.Stream.Purge(j.subj, m, j.cfg.Timeout, func(err error) {
+				if err != nil {
+					j.log.Debug("purging the journal", "error", err.Error())
+				}
+				done()
+			})
+		})
+	}
+	sink := j.cfg.Usage
+	if sink == nil {
+		put()
+		return
+	}
+	// The usage of every admission up to the mark must be published
+	// before the messages holding it may be purged.
+	sink.Sync(func(err error) {
 		if err != nil {
-			j.log.Warn("recording the journal mark", "error", err.Error())
+			j.log.Warn("usage not published yet; the journal mark waits", "error", err.Error())
 			done()
 			return
 		}
-		j.log.Debug("journal mark advanced", "from", old, "to", m)
-		c.mu.Lock()
-		c.mark = max(c.mark, m)
-		c.mu.Unlock()
-		j.cfg.Stream.Purge(j.subj, m, j.cfg.Timeout, func(err error) {
-			if err != nil {
-				j.log.Debug("purging the journal", "error", err.Error())
-			}
-			done()
-		})
+		put()
 	})
 }
 

@@ -18,7 +18,7 @@ func sameItems(a, b []item) bool {
 		return false
 	}
 	for i := range a {
-		if a[i].key != b[i].key || !bytes.Equal(a[i].val, b[i].val) {
+		if a[i].key != b[i].key || !bytes.Equal(a[i].val, b[i].val) || !bytes.Equal(a[i].usageB, b[i].usageB) {
 			return false
 		}
 	}
@@ -44,7 +44,7 @@ func TestJournalBatchRoundTrip(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			b := appendBatch([]byte("prefix"), c.nonce, c.items)
+			b := appendBatch([]byte("prefix"), c.nonce, "boot-1", c.items)
 			if !bytes.HasPrefix(b, []byte("prefix")) {
 				t.Fatalf("appendBatch did not append to dst: %q", b)
 			}
@@ -52,7 +52,7 @@ func TestJournalBatchRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatalf("decode: %v", err)
 			}
-			if m.fence != nil || m.nonce != c.nonce || !sameItems(m.items, c.items) {
+			if m.fence != nil || m.nonce != c.nonce || m.boot != "boot-1" || !sameItems(m.items, c.items) {
 				t.Fatalf("decoded %+v, want nonce %d items %+v", m, c.nonce, c.items)
 			}
 		})
@@ -76,12 +76,21 @@ func TestJournalFenceRoundTrip(t *testing.T) {
 	}
 }
 
-// The golden bytes are written out from the format comment in
-// journal_codec.go, not taken from the encoder: they pin the wire format
-// other nodes (and older versions) read.
+// The golden bytes are written out from the format comment in codec.go,
+// not taken from the encoder: they pin the wire format other nodes (and
+// older versions) read.
 var (
 	goldenBatch = []byte{
-		'J', 1, // kind, version
+		'J', 2, // kind, format
+		0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, // nonce, big endian
+		0x02, 'b', '7', // boot "b7"
+		0x02,                                      // two items
+		0x02, 'a', 'b', 0x03, 'x', 'y', 'z', 0x00, // "ab" = "xyz", no usage
+		0x01, 'k', 0x00, 0x00, // "k" = "", no usage
+	}
+	// goldenBatch1 is a batch of format 1: no boot, no usage.
+	goldenBatch1 = []byte{
+		'J', 1, // kind, format
 		0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, // nonce, big endian
 		0x02,                                // two items
 		0x02, 'a', 'b', 0x03, 'x', 'y', 'z', // "ab" = "xyz"
@@ -100,12 +109,16 @@ var (
 )
 
 func TestJournalGolden(t *testing.T) {
-	if got := appendBatch(nil, goldenBatchNonce, goldenBatchItems); !bytes.Equal(got, goldenBatch) {
+	if got := appendBatch(nil, goldenBatchNonce, "b7", goldenBatchItems); !bytes.Equal(got, goldenBatch) {
 		t.Fatalf("batch encoding\n got %x\nwant %x", got, goldenBatch)
 	}
 	m, err := decode(goldenBatch)
-	if err != nil || m.fence != nil || m.nonce != goldenBatchNonce || !sameItems(m.items, goldenBatchItems) {
+	if err != nil || m.fence != nil || m.nonce != goldenBatchNonce || m.boot != "b7" || !sameItems(m.items, goldenBatchItems) {
 		t.Fatalf("golden batch decoded as %+v, %v", m, err)
+	}
+	m, err = decode(goldenBatch1)
+	if err != nil || m.fence != nil || m.nonce != goldenBatchNonce || m.boot != "" || !sameItems(m.items, goldenBatchItems) {
+		t.Fatalf("golden batch of format 1 decoded as %+v, %v", m, err)
 	}
 	if got := appendFence(nil, goldenFenceValue); !bytes.Equal(got, goldenFence) {
 		t.Fatalf("fence encoding\n got %x\nwant %x", got, goldenFence)
@@ -133,8 +146,8 @@ func TestJournalTruncated(t *testing.T) {
 	valid := [][]byte{
 		goldenBatch,
 		goldenFence,
-		appendBatch(nil, 7, nil),
-		appendBatch(nil, 7, []item{{key: strings.Repeat("k", 256), val: []byte{}}}),
+		appendBatch(nil, 7, "b", nil),
+		appendBatch(nil, 7, "b", []item{{key: strings.Repeat("k", 256), val: []byte{}}}),
 		appendFence(nil, fence{part: ownership.MaxPartitions - 1, epoch: math.MaxUint64, node: "node"}),
 	}
 	for _, b := range valid {
@@ -165,11 +178,11 @@ func TestJournalMalformed(t *testing.T) {
 		{"lower-case kind", append([]byte{'j'}, goldenBatch[1:]...)},
 		{"fence kind lower-case", append([]byte{'f'}, goldenFence[1:]...)},
 		{"version 0", append([]byte{'J', 0}, goldenBatch[2:]...)},
-		{"version 2", append([]byte{'J', 2}, goldenBatch[2:]...)},
+		{"version 3", append([]byte{'J', 3}, goldenBatch[2:]...)},
 		{"fence version 2", append([]byte{'F', 2}, goldenFence[2:]...)},
 		{"batch trailing byte", append(bytes.Clone(goldenBatch), 0)},
 		{"fence trailing byte", append(bytes.Clone(goldenFence), 'x')},
-		{"empty batch trailing byte", append(appendBatch(nil, 1, nil), 0)},
+		{"empty batch trailing byte", append(appendBatch(nil, 1, "", nil), 0)},
 		{"count 3, two items", batch(3, 1, 'a', 1, 'b', 1, 'c', 1, 'd')},
 		{"count 1, no item", batch(1)},
 		{"count beyond the bytes", batch(200, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0)},
@@ -231,7 +244,7 @@ func refDecodeJournal(b []byte) (m message, canonical, ok bool) {
 		pos += int(n)
 		return v, true
 	}
-	if len(b) < 2 || b[1] != 1 {
+	if len(b) < 2 || !(b[1] == 1 || b[0] == 'J' && b[1] == 2) {
 		return message{}, false, false
 	}
 	pos = 2
@@ -244,6 +257,14 @@ func refDecodeJournal(b []byte) (m message, canonical, ok bool) {
 			m.nonce = m.nonce<<8 | uint64(c)
 		}
 		pos = 10
+		v2 := b[1] == 2
+		if v2 {
+			boot, ok := field()
+			if !ok {
+				return message{}, false, false
+			}
+			m.boot = string(boot)
+		}
 		n, ok := num()
 		if !ok {
 			return message{}, false, false
@@ -251,10 +272,18 @@ func refDecodeJournal(b []byte) (m message, canonical, ok bool) {
 		for range n {
 			k, ok1 := field()
 			v, ok2 := field()
-			if !ok1 || !ok2 {
+			var u []byte
+			ok3 := true
+			if v2 {
+				u, ok3 = field()
+			}
+			if !ok1 || !ok2 || !ok3 {
 				return message{}, false, false
 			}
-			m.items = append(m.items, item{key: string(k), val: v})
+			m.items = append(m.items, item{key: string(k), val: v, usageB: u})
+		}
+		if !v2 {
+			canonical = false // re-encoded in format 2
 		}
 	case 'F':
 		part, ok1 := num()
@@ -277,19 +306,20 @@ func sameJournalMsg(a, b message) bool {
 	if (a.fence == nil) != (b.fence == nil) || a.fence != nil && *a.fence != *b.fence {
 		return false
 	}
-	return a.nonce == b.nonce && sameItems(a.items, b.items)
+	return a.nonce == b.nonce && a.boot == b.boot && sameItems(a.items, b.items)
 }
 
 func encodeJournalMsg(m message) []byte {
 	if m.fence != nil {
 		return appendFence(nil, *m.fence)
 	}
-	return appendBatch(nil, m.nonce, m.items)
+	return appendBatch(nil, m.nonce, m.boot, m.items)
 }
 
 // TestJournalNonCanonicalVarint documents that the decoder accepts a
 // number written with more bytes than needed (Go's binary.Uvarint does):
-// such a message decodes, and re-encodes shorter. No writer produces it.
+// such a message decodes, and re-encodes shorter (here: in format 2, one
+// byte longer for the empty boot). No writer produces it.
 func TestJournalNonCanonicalVarint(t *testing.T) {
 	b := []byte{'J', 1, 0, 0, 0, 0, 0, 0, 0, 1, 0x80, 0x00} // count 0 in two bytes
 	m, err := decode(b)
@@ -299,7 +329,7 @@ func TestJournalNonCanonicalVarint(t *testing.T) {
 	if _, canonical, ok := refDecodeJournal(b); !ok || canonical {
 		t.Fatalf("reference: ok %v canonical %v", ok, canonical)
 	}
-	if re := encodeJournalMsg(m); bytes.Equal(re, b) || len(re) != len(b)-1 {
+	if re := encodeJournalMsg(m); bytes.Equal(re, b) || len(re) != len(b) {
 		t.Fatalf("re-encoded as %x", re)
 	}
 }
@@ -311,8 +341,9 @@ func TestJournalNonCanonicalVarint(t *testing.T) {
 func FuzzDecodeJournal(f *testing.F) {
 	f.Add(goldenBatch)
 	f.Add(goldenFence)
-	f.Add(appendBatch(nil, 0, nil))
-	f.Add(appendBatch(nil, math.MaxUint64, []item{{key: strings.Repeat("k", 256), val: nil}, {key: "a", val: []byte("b")}}))
+	f.Add(goldenBatch1)
+	f.Add(appendBatch(nil, 0, "", nil))
+	f.Add(appendBatch(nil, math.MaxUint64, "boot", []item{{key: strings.Repeat("k", 256), val: nil}, {key: "a", val: []byte("b"), usageB: []byte{0}}}))
 	f.Add(appendFence(nil, fence{part: ownership.MaxPartitions - 1, epoch: math.MaxUint64, node: "n"}))
 	f.Add([]byte{'J', 1, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f})
 	f.Add([]byte{'F', 1, 0x80, 0x20, 1, 0})

@@ -37,6 +37,7 @@ import (
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 )
@@ -118,6 +119,21 @@ type Bucket interface {
 	PutAsync(key string, val []byte, timeout time.Duration, done func(rev uint64, err error))
 }
 
+// UsageSink takes the usage records of the admissions journalled records
+// spend (CONTRACT §6): each with its origin (the node and boot that wrote
+// the journal message), the message's sequence and its index among the
+// message's usage, so the same admission always has the same id. It is
+// told of every usage a node's own batches commit and, when the journal
+// adopts another journal's records, of every usage it reads there
+// (published again: the ledger counts an id once), each origin's in order.
+type UsageSink interface {
+	Add(node, boot string, seq uint64, idx uint32, key string, record []byte, u *keyrec.Usage)
+	// Sync calls done once every usage added before is durable (in the
+	// usage stream); the journal's mark waits for it, so a journalled
+	// admission is never forgotten before its usage is published.
+	Sync(done func(error))
+}
+
 // View is what the journal knows of the node's routing: whether it serves a
 // partition now, and in which epoch.
 type View interface {
@@ -153,6 +169,10 @@ type Config struct {
 	Last, Mark uint64
 	// Nonce seeds the nonces of batches (default: random).
 	Nonce uint64
+	// Boot names this incarnation of the node in its batches (usage ids).
+	Boot string
+	// Usage takes the usage of journalled admissions; nil: none.
+	Usage UsageSink
 	Log   *slog.Logger
 }
 
@@ -248,3 +268,6 @@ func later(a, b time.Time) time.Time {
 // isTimeout reports an operation that got no answer in time (the stores
 // wrap context.DeadlineExceeded).
 func isTimeout(err error) bool { return errors.Is(err, context.DeadlineExceeded) }
+
+// SetUsage sets the sink of journalled usage; call it before Start.
+func (j *Journal) SetUsage(u UsageSink) { j.cfg.Usage = u }

@@ -38,7 +38,7 @@ func TestReadJournalTenureMarker(t *testing.T) {
 		for i := 0; i < len(kv); i += 2 {
 			items = append(items, item{key: kv[i], val: []byte(kv[i+1])})
 		}
-		return appendBatch(nil, 1, items)
+		return appendBatch(nil, 1, "b", items)
 	}
 	check := func(what string, want map[string]string) {
 		t.Helper()
@@ -100,7 +100,7 @@ func update(t *testing.T, j *Journal, key string, val []byte, rev uint64) (uint6
 		err error
 	}
 	ch := make(chan res, 1)
-	j.UpdateAsync(key, val, rev, 5*time.Second, func(r uint64, err error) { ch <- res{r, err} })
+	j.UpdateAsync(key, val, nil, rev, 5*time.Second, func(r uint64, err error) { ch <- res{r, err} })
 	select {
 	case r := <-ch:
 		return r.rev, r.err
@@ -268,7 +268,7 @@ func TestJournalNewKeyChecks(t *testing.T) {
 	)
 	write := func(key string) {
 		all.Add(1)
-		j.UpdateAsync(key, []byte("x"), 0, 5*time.Second, func(_ uint64, err error) {
+		j.UpdateAsync(key, []byte("x"), nil, 0, 5*time.Second, func(_ uint64, err error) {
 			mu.Lock()
 			results[key] = err
 			mu.Unlock()

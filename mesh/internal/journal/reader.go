@@ -3,6 +3,8 @@ package journal
 import (
 	"errors"
 	"fmt"
+
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"sync"
 	"time"
 )
@@ -127,8 +129,22 @@ func (r *reader) run(req *readRequest, sr *sourceRead, finish func(map[string]st
 		if err != nil {
 			return fmt.Errorf("journal of %s, sequence %d: %w", req.id, seq, err)
 		}
+		var idx uint32
 		for _, it := range m.items {
 			sr.states[it.key] = state{val: it.val, seq: seq}
+			if sink := j.cfg.Usage; sink != nil && len(it.usageB) > 0 {
+				// The usage journalled with the record: published again
+				// (its id is the message's: the ledger counts it once),
+				// in case its writer could not publish it.
+				us, err := keyrec.DecodeUsage(it.usageB)
+				if err != nil {
+					j.log.Warn("corrupt usage in a journal message", "node", req.id, "seq", seq, "error", err.Error())
+				}
+				for i := range us {
+					sink.Add(req.id, m.boot, seq, idx, it.key, it.val, &us[i])
+					idx++
+				}
+			}
 		}
 		if f := m.fence; f != nil && f.node == req.id {
 			// req.id's tenure marker of f.part: its records of that

@@ -4,11 +4,12 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 )
 
 // The journal as the key owners' store (kvstate.AsyncStore).
 
-// GetAsync implements kvstate.AsyncStore: the journalled record when it is
+// GetAsync implements keys.Store: the journalled record when it is
 // not checkpointed yet, else the state bucket's (which may have expired
 // since: the bucket's idle expiry applies as without the journal). A key
 // of a partition this node does not hold fails as fenced.
@@ -31,18 +32,18 @@ func (j *Journal) GetAsync(key string, timeout time.Duration, done func([]byte, 
 	}
 }
 
-// UpdateAsync implements kvstate.AsyncStore: the record goes into the
-// next batch. A revision of an older generation of the key's partition is
+// UpdateAsync implements keys.Store: the record, with the usage of the
+// admissions it spends, goes into the next batch. A revision of an older generation of the key's partition is
 // a conflict; expected revision 0 (the key must not exist) is checked
 // against the journalled records and the state bucket (checks.go).
-func (j *Journal) UpdateAsync(key string, value []byte, rev uint64, timeout time.Duration, done func(uint64, error)) {
+func (j *Journal) UpdateAsync(key string, value []byte, usage []keyrec.Usage, rev uint64, timeout time.Duration, done func(uint64, error)) {
 	part := j.partOf(key)
 	gen, known, owned := j.recs.prepare(key, part)
 	if !owned {
 		j.rt.Go(func() { done(0, fencedErr(part)) })
 		return
 	}
-	w := &write{key: key, val: value, part: part, gen: gen, deadline: j.now().Add(timeout), done: done}
+	w := &write{key: key, val: value, usage: usage, part: part, gen: gen, deadline: j.now().Add(timeout), done: done}
 	switch {
 	case rev != 0 && rev>>revSeqBits&revGenMask != gen&revGenMask, rev == 0 && known:
 		j.rt.Go(func() { done(0, kvstate.ErrConflict) })

@@ -2,7 +2,9 @@ package journal
 
 import (
 	"errors"
+
 	"fmt"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -32,6 +34,7 @@ type write struct {
 	barrier  bool
 	key      string
 	val      []byte
+	usage    []keyrec.Usage // the admissions the record spends (their usage records)
 	part     int
 	gen      uint64 // the partition's generation when the write came
 	kvRev    uint64
@@ -200,10 +203,10 @@ func (w *writer) attempt(batch []*write, n int, lastErr error) {
 		items := make([]item, 0, len(batch))
 		for _, x := range batch {
 			if !x.barrier {
-				items = append(items, item{key: x.key, val: x.val})
+				items = append(items, item{key: x.key, val: x.val, usage: x.usage})
 			}
 		}
-		w.buf = appendBatch(w.buf[:0], nonce, items)
+		w.buf = appendBatch(w.buf[:0], nonce, w.j.cfg.Boot, items)
 	}
 	data := w.buf
 	w.mu.Unlock()
@@ -231,6 +234,17 @@ func (w *writer) committed(batch []*write, seq uint64) {
 	n := w.j.recs.commit(batch, seq, w.j.now().UnixNano())
 	w.j.appends.Add(1)
 	w.j.committedRecords.Add(n)
+	if sink := w.j.cfg.Usage; sink != nil {
+		// The usage of the admissions the batch spends, in message order
+		// (their ids are the message's sequence and their index).
+		var idx uint32
+		for _, x := range batch {
+			for i := range x.usage {
+				sink.Add(w.j.cfg.Self, w.j.cfg.Boot, seq, idx, x.key, x.val, &x.usage[i])
+				idx++
+			}
+		}
+	}
 	for _, x := range batch {
 		x.done(tagRev(seq|journalRevBit, x.gen), nil)
 	}

@@ -106,6 +106,13 @@ type Call struct {
 	// never reads it.
 	Done Finisher
 
+	// Desc and RequestID are what an admission's usage record needs
+	// beyond what the core knows (nil Desc: the call records no usage).
+	Desc      policies.Descriptor
+	RequestID string
+	// At is set when the call is decided: the decision's instant (ns).
+	At int64
+
 	conflicts int           // lost writes this call was part of
 	mode      policies.Mode // of the policy version that decided it
 }
@@ -123,8 +130,12 @@ const (
 
 // action is what the driver does next.
 type action struct {
-	kind     actionKind
-	value    []byte // actWrite: the encoded keyrec.Record
+	kind  actionKind
+	value []byte // actWrite: the encoded record
+	// usage is, for an actWrite, the usage of the admissions the record
+	// spends that no earlier write carried: the store journals it with the
+	// record (keyrec.Usage).
+	usage    []keyrec.Usage
 	rev      uint64 // actWrite: the expected revision
 	deadline int64  // ns: the latest deadline among the calls waiting on it
 	finished []*Call
@@ -191,6 +202,19 @@ type owner struct {
 	// lost counts async changes dropped by a lost CAS (the overshoot of
 	// async mode), for the driver's metrics.
 	lost int
+
+	// The usage of the admissions of strict and async calls: usage (and
+	// usageAsync, whether each is an async call's) are in rec and in no
+	// write yet; inflightUsage in the outstanding write. lostUsage holds
+	// async admissions whose changes a lost write dropped (they were
+	// answered: the driver publishes their usage directly), of policy
+	// usagePolicy.
+	usage         []keyrec.Usage
+	usageAsync    []bool
+	inflightUsage []keyrec.Usage
+	inflightAsync []bool
+	lostUsage     []keyrec.Usage
+	usagePolicy   string
 
 	// limits is DecideAll's input, the limits of policy version
 	// limitsOf (parsed policies are never modified); spare is reused
@@ -380,7 +404,7 @@ func (o *owner) next(now int64) (a action) {
 	o.batchAt = now
 	o.busy = true
 	a.kind = actWrite
-	a.value = o.encode()
+	a.value, a.usage = o.encode()
 	a.rev = o.rev
 	a.deadline = maxDeadline(o.inflight)
 	a.blind = o.unread
@@ -417,9 +441,11 @@ func (o *owner) blindCreate(now int64) (action, bool) {
 	o.writeGen = o.gen
 	o.batchAt = now
 	o.busy = true
+	value, usage := o.encode()
 	return action{
 		kind:     actWrite,
-		value:    o.encode(),
+		value:    value,
+		usage:    usage,
 		deadline: maxDeadline(o.inflight),
 		blind:    true,
 	}, true
@@ -433,20 +459,44 @@ func (o *owner) writeBehind(now int64) action {
 	o.flushReq = false
 	o.batchAt = now
 	o.busy = true
+	value, usage := o.encode()
 	return action{
 		kind:     actWrite,
-		value:    o.encode(),
+		value:    value,
+		usage:    usage,
 		rev:      o.rev,
 		deadline: noDeadline,
 		blind:    o.unread,
 	}
 }
 
-// encode returns the next write of the record: one version above the
-// record it was decided from (keyrec.Record.Version).
-func (o *owner) encode() []byte {
+// encode returns the next write of the record, one version above the
+// record it was decided from (keyrec.Record.Version), with the usage of
+// the admissions no earlier write carried.
+func (o *owner) encode() ([]byte, []keyrec.Usage) {
 	o.rec.Version++
-	return keyrec.Append(make([]byte, 0, keyrec.SizeHint(&o.rec)), &o.rec)
+	o.inflightUsage, o.inflightAsync = o.usage, o.usageAsync
+	o.usage, o.usageAsync = nil, nil
+	return keyrec.Append(make([]byte, 0, keyrec.SizeHint(&o.rec)), &o.rec), o.inflightUsage
+}
+
+// loseUsage keeps the async admissions of us (async[i]: whether us[i] is
+// one) for the driver to publish directly; strict ones are decided again
+// (or failed) and dropped.
+func (o *owner) loseUsage(us []keyrec.Usage, async []bool) {
+	for i := range us {
+		if async[i] {
+			o.lostUsage = append(o.lostUsage, us[i])
+		}
+	}
+}
+
+// takeLostUsage returns (and forgets) the usage the driver must publish
+// directly, and its policy.
+func (o *owner) takeLostUsage() ([]keyrec.Usage, string) {
+	us := o.lostUsage
+	o.lostUsage = nil
+	return us, o.usagePolicy
 }
 
 func maxDeadline(cs []*Call) int64 {
@@ -499,6 +549,8 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 	o.inflight = nil
 	wasAsync, wasBlind := o.asyncWrite, o.blindWrite
 	o.asyncWrite, o.blindWrite = false, false
+	usage, usageAsync := o.inflightUsage, o.inflightAsync
+	o.inflightUsage, o.inflightAsync = nil, nil
 	switch {
 	case err == nil:
 		o.rev, o.stored, o.unread = rev, true, false
@@ -512,6 +564,7 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 		// Another writer got there first: what this node decided and did
 		// not write is lost (async: the documented overshoot); the
 		// strict calls of the batch are decided again after a reload.
+		o.loseUsage(usage, usageAsync)
 		o.dropCache()
 		retry := batch[:0:0]
 		for _, c := range batch {
@@ -531,15 +584,21 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 		// This node no longer holds the key's partition: nothing was
 		// written; the calls go to the new owner, and what async changes
 		// were not written are lost (within the async bound).
+		o.loseUsage(usage, usageAsync)
 		o.dropCache()
 		for _, c := range batch {
 			o.finish(c, err)
 		}
 		return false
 	case wasAsync:
-		// The outcome is unknown: keep the keyrec.Record and retry with the
+		// The outcome is unknown: keep the record and retry with the
 		// same expected revision at the next interval (if this write did
-		// land, the retry loses the CAS and reloads a keyrec.Record with it).
+		// land, the retry loses the CAS and reloads a record with it); the
+		// retry carries the usage again (journalled twice, it has one id
+		// per journal message: a write that landed and its retry that
+		// lost cannot both be journalled).
+		o.usage = append(usage, o.usage...)
+		o.usageAsync = append(usageAsync, o.usageAsync...)
 		return false
 	default:
 		// The outcome is unknown (the write may have landed): reload
@@ -553,11 +612,14 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 }
 
 // dropCache forgets the cached record, counting unwritten async changes
-// as lost; the next Call reloads the key.
+// as lost (their usage is published directly); the next Call reloads the
+// key.
 func (o *owner) dropCache() {
 	if o.dirty {
 		o.lost++
 	}
+	o.loseUsage(o.usage, o.usageAsync)
+	o.usage, o.usageAsync = nil, nil
 	o.loaded, o.dirty, o.flushReq, o.unread = false, false, false, false
 	o.rec = keyrec.Record{}
 }
@@ -601,6 +663,7 @@ func (o *owner) decideWith(rec *keyrec.Record, c *Call, p *policies.Policy, now 
 		ResetAfter: kd.ResetAfter,
 	}
 	c.Out = d
+	c.At = now
 	if c.DryRun {
 		return false
 	}
@@ -608,6 +671,11 @@ func (o *owner) decideWith(rec *keyrec.Record, c *Call, p *policies.Policy, now 
 	if kd.Allowed {
 		rec.States, o.spare = states, rec.States
 		changed = true
+		if c.Desc != nil && p.Mode != policies.ModeLocal {
+			o.usage = append(o.usage, keyrec.Usage{At: now, Revision: p.Revision, Cost: c.Cost, Desc: c.Desc, RequestID: c.RequestID})
+			o.usageAsync = append(o.usageAsync, p.Mode == policies.ModeAsync)
+			o.usagePolicy = p.Name
+		}
 	} else {
 		o.spare = states
 	}
@@ -659,3 +727,6 @@ func emptyRecord(p *policies.Policy, now int64) keyrec.Record {
 	}
 	return rec
 }
+
+// Mode returns the mode of the policy version that decided c.
+func (c *Call) Mode() policies.Mode { return c.mode }

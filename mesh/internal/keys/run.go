@@ -100,7 +100,7 @@ func (t *Table) write(key string, e *Entry, o *owner, a action, now int64) {
 	timeout := t.opTimeout(a, now)
 	t0 := t.cfg.Runtime.Now()
 	blind := a.blind // the closure keeps only what it needs, not a
-	t.cfg.Store.UpdateAsync(key, a.value, a.rev, timeout, func(rev uint64, err error) {
+	t.cfg.Store.UpdateAsync(key, a.value, a.usage, a.rev, timeout, func(rev uint64, err error) {
 		// A lost blind create is the normal outcome for an existing key:
 		// no fencing check (the write after the load does it if needed).
 		if !blind && t.cfg.Fencer != nil && errors.Is(err, kvstate.ErrConflict) {
@@ -175,7 +175,11 @@ func (t *Table) applyWrite(key string, e *Entry, o *owner, blind bool, rev uint6
 	conflict := o.written(rev, err)
 	retried := len(o.queue)
 	lost = o.lost - lost
+	lostUsage, policy := o.takeLostUsage()
 	e.mu.Unlock()
+	if len(lostUsage) > 0 && t.cfg.LostUsage != nil {
+		t.cfg.LostUsage(policy, key, lostUsage)
+	}
 	if t.m != nil {
 		if lost > 0 {
 			t.m.asyncLost.Add(float64(lost))

@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 	"github.com/limitmesh/limitmesh/policies"
 )
@@ -51,8 +52,11 @@ type Store interface {
 	// it has none.
 	GetAsync(key string, timeout time.Duration, done func(val []byte, rev uint64, err error))
 	// UpdateAsync writes value if key's revision is still rev (0: must
-	// not exist); an error wrapping kvstate.ErrConflict otherwise.
-	UpdateAsync(key string, value []byte, rev uint64, timeout time.Duration, done func(rev uint64, err error))
+	// not exist); an error wrapping kvstate.ErrConflict otherwise. usage is
+	// the usage of the admissions the record spends that no earlier write
+	// carried: the store makes it durable with the record (the journal)
+	// or publishes it once the write succeeds.
+	UpdateAsync(key string, value []byte, usage []keyrec.Usage, rev uint64, timeout time.Duration, done func(rev uint64, err error))
 }
 
 // Config configures a Table. Env, Store and Runtime are required.
@@ -70,8 +74,11 @@ type Config struct {
 	AsyncInterval   time.Duration // the write-behind interval of async mode
 	DecisionTimeout time.Duration // bounds a store operation; default 500 ms
 	LocalMaxKeys    int           // default DefaultLocalMaxKeys
-	Log             *slog.Logger
-	Metrics         *Metrics // nil: none registered
+	// LostUsage publishes the usage of async admissions whose changes a
+	// lost write dropped (they were answered); nil: dropped.
+	LostUsage func(policy, key string, us []keyrec.Usage)
+	Log       *slog.Logger
+	Metrics   *Metrics // nil: none registered
 }
 
 // Table holds the limit keys this node decides. Idle entries are swept;

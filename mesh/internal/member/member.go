@@ -15,7 +15,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/journal"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
@@ -179,4 +181,28 @@ func (m *Member) Fenced(key string, timeout time.Duration, done func(bool)) {
 func (m *Member) FencedBy(p int, by string) {
 	m.Route.Clear(p)
 	m.Owner.Verify(p, m.cfg.DecisionTimeout, func(bool) {})
+}
+
+// BucketStore is the state bucket as the key owners' store of a node
+// without the state journal: every record is a compare-and-swap write of
+// its key, and the usage of the admissions it spends goes to Usage once
+// the write succeeded (not durable beyond this node: the journal's is).
+type BucketStore struct {
+	Bucket kvstate.AsyncStore
+	Usage  func(key string, record []byte, us []keyrec.Usage) // nil: none
+}
+
+// GetAsync implements keys.Store.
+func (b BucketStore) GetAsync(key string, timeout time.Duration, done func([]byte, uint64, error)) {
+	b.Bucket.GetAsync(key, timeout, done)
+}
+
+// UpdateAsync implements keys.Store.
+func (b BucketStore) UpdateAsync(key string, value []byte, usage []keyrec.Usage, rev uint64, timeout time.Duration, done func(uint64, error)) {
+	b.Bucket.UpdateAsync(key, value, rev, timeout, func(r uint64, err error) {
+		if err == nil && len(usage) > 0 && b.Usage != nil {
+			b.Usage(key, value, usage)
+		}
+		done(r, err)
+	})
 }

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"github.com/limitmesh/limitmesh/mesh/internal/member"
 	"strings"
 	"testing"
 	"time"
@@ -39,7 +40,7 @@ func TestAsyncBlindStartOnJetStream(t *testing.T) {
 		}
 	}
 
-	n1 := offlineService(t, st, time.Second, p)
+	n1 := offlineService(t, member.BucketStore{Bucket: st}, time.Second, p)
 	decide(n1, 5, true, 0)
 	poll("the first node's write-behind", func() bool {
 		keys, err := kv.ListKeys(ctx)
@@ -53,7 +54,7 @@ func TestAsyncBlindStartOnJetStream(t *testing.T) {
 		return count == 1
 	})
 
-	n2 := offlineService(t, st, time.Second, p)
+	n2 := offlineService(t, member.BucketStore{Bucket: st}, time.Second, p)
 	decide(n2, 1, true, 4) // blind: decided against the empty record
 	poll("the lost create", func() bool { return n2.counterValue(t, "limitmesh_async_lost_writes_total") >= 1 })
 	decide(n2, 1, false, 0) // reloaded: the stored record has nothing left

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
 	"github.com/limitmesh/limitmesh/mesh/internal/policyset"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
@@ -56,7 +57,7 @@ func (m memStore) GetAsync(key string, _ time.Duration, done func([]byte, uint64
 	go func() { done(m.Get(context.Background(), key)) }()
 }
 
-func (m memStore) UpdateAsync(key string, val []byte, rev uint64, _ time.Duration, done func(uint64, error)) {
+func (m memStore) UpdateAsync(key string, val []byte, _ []keyrec.Usage, rev uint64, _ time.Duration, done func(uint64, error)) {
 	go func() { done(m.Update(context.Background(), key, val, rev)) }()
 }
 

@@ -30,8 +30,7 @@ const (
 	memoMaxBody    = 256
 )
 
-// memoEntry is what a decide body yields under one snapshot. Its request
-// has no descriptor (only the key and the partition came from it).
+// memoEntry is what a decide body yields under one snapshot.
 type memoEntry struct {
 	req  request
 	p    *policies.Policy
@@ -73,7 +72,6 @@ func (m *reqMemo) put(body []byte, snap *policies.Snapshot, req request, p *poli
 	if len(body) > memoMaxBody || req.id != "" || p == nil {
 		return nil
 	}
-	req.desc = nil
 	e := &memoEntry{req: req, p: p, key: key, part: part, tenant: tenant}
 	m.mu.Lock()
 	defer m.mu.Unlock()

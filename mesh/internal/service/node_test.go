@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 )
 
 func TestNodeOffline(t *testing.T) {
@@ -35,7 +36,7 @@ func TestNodeOffline(t *testing.T) {
 // path (where the key runners continue).
 type panicStore struct{ memStore }
 
-func (panicStore) UpdateAsync(string, []byte, uint64, time.Duration, func(uint64, error)) {
+func (panicStore) UpdateAsync(string, []byte, []keyrec.Usage, uint64, time.Duration, func(uint64, error)) {
 	panic("store bug")
 }
 
@@ -62,7 +63,7 @@ func (slowStore) GetAsync(_ string, timeout time.Duration, done func([]byte, uin
 	time.AfterFunc(timeout, func() { done(nil, 0, fmt.Errorf("no answer in time: %w", context.DeadlineExceeded)) })
 }
 
-func (slowStore) UpdateAsync(_ string, _ []byte, _ uint64, timeout time.Duration, done func(uint64, error)) {
+func (slowStore) UpdateAsync(_ string, _ []byte, _ []keyrec.Usage, _ uint64, timeout time.Duration, done func(uint64, error)) {
 	time.AfterFunc(timeout, func() { done(0, fmt.Errorf("no answer in time: %w", context.DeadlineExceeded)) })
 }
 

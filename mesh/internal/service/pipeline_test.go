@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/limitmesh/limitmesh/mesh/internal/member"
 	"sync"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ import (
 func jsNode(t *testing.T, timeout time.Duration, burst int) (*offline, jetstream.JetStream, jetstream.KeyValue) {
 	t.Helper()
 	js, kv, st := jsStateStore(t)
-	n := offlineService(t, st, timeout, tbPolicy(t, "p", 1, "1/h", burst, ""))
+	n := offlineService(t, member.BucketStore{Bucket: st}, timeout, tbPolicy(t, "p", 1, "1/h", burst, ""))
 	return n, js, kv
 }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 	"github.com/limitmesh/limitmesh/policies"
+	"github.com/limitmesh/limitmesh/usage"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 )
@@ -45,7 +46,11 @@ type Config struct {
 	DecisionTimeout time.Duration
 	// Binder binds a request's tenant to its calling account (CONTRACT
 	// §9); nil: unsecured, the Nats-Request-Info header is ignored.
-	Binder  *auth.Binder
+	Binder *auth.Binder
+	// Usage publishes the usage records (CONTRACT §6) of the decisions the
+	// key owners' store does not (denials, local and unmatched decisions);
+	// nil: none.
+	Usage   *usage.Publisher
 	Log     *slog.Logger
 	Metrics *Metrics
 }
@@ -152,6 +157,10 @@ func (s *Service) Handle(r micro.Request) {
 		if p = snap.Match(req.desc); p == nil {
 			if !req.dryRun {
 				s.m.decision("", resAllowed)
+				if u := s.cfg.Usage; u != nil {
+					u.Add("", usage.Record{TimeUs: start.UnixMicro(), Descriptor: req.desc, Cost: req.cost,
+						Allowed: true, RequestID: req.id})
+				}
 			}
 			s.replyOK(r, start, keyrec.Decision{Allowed: true}, -1, nil)
 			return
@@ -222,6 +231,9 @@ func (s *Service) submit(rq *routed, slot *route.Slot, at time.Time) {
 		Deadline: now + int64(rq.deadline.Sub(at)),
 		Done:     rq,
 	}
+	if s.cfg.Usage != nil {
+		rq.c.Desc, rq.c.RequestID = rq.req.desc, rq.req.id
+	}
 	if rq.req.id != "" {
 		rq.c.ID, rq.c.HasID = keyrec.IDHash(rq.req.id), true
 	}
@@ -266,8 +278,14 @@ func (s *Service) finish(c *keys.Call, rq *routed) {
 	case c.DryRun:
 	case c.Out.Allowed:
 		s.m.decision(c.Out.Policy, resAllowed)
+		if c.Mode() == policies.ModeLocal {
+			s.record(rq, c)
+		}
+		// Otherwise the store publishes it, durably, with the record
+		// write that spends it.
 	default:
 		s.m.decision(c.Out.Policy, resDenied)
+		s.record(rq, c)
 	}
 	part := rq.part
 	if rq.p.Mode == policies.ModeLocal || rq.noHint {
@@ -351,4 +369,14 @@ func bindTenant(d policies.Descriptor, caller, own string) (policies.Descriptor,
 		return d, fmt.Errorf("%w: %v", fail.ErrBadRequest, err)
 	}
 	return nd, nil
+}
+
+// record publishes the usage record of call c of rq.
+func (s *Service) record(rq *routed, c *keys.Call) {
+	u := s.cfg.Usage
+	if u == nil {
+		return
+	}
+	u.Add(c.Out.Policy, usage.Record{TimeUs: c.At / 1000, Revision: c.Out.Revision, Key: rq.key,
+		Descriptor: rq.req.desc, Cost: c.Cost, Allowed: c.Out.Allowed, RequestID: rq.req.id})
 }

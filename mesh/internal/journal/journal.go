@@ -243,7 +243,8 @@ func (j *Journal) until(deadline time.Time) time.Duration { return deadline.Sub(
 
 // opTimeout bounds one operation of a longer procedure (an adoption, a
 // read) by the per-operation timeout and the time left before deadline: a
-// lost message costs one operation's timeout, not the procedure's.
+// lost message costs one operation's timeout, not the procedure's
+// (invariant J12).
 func (j *Journal) opTimeout(deadline time.Time) time.Duration {
 	return min(j.until(deadline), j.cfg.Timeout)
 }

@@ -363,7 +363,7 @@ func (c *shardCore) claimed(op shardOp, rev uint64, err error, now int64) {
 // a partition: lease/32, doubling, at most lease/4. A claim that fails at
 // once (its tenure marker or the shards bucket refused) is not sent again
 // at every tick, so a node whose journal or shards bucket fails does not
-// spend its time on claims that keep failing (invariant L5 of
+// spend its time on claims that keep failing (invariant O6 of
 // docs/protocol.md).
 func (c *shardCore) claimBackoff(fails int) int64 {
 	d := c.lease / 32
@@ -397,7 +397,7 @@ func (c *shardCore) renewed(op shardOp, rev uint64, err error, conflict bool, no
 // next: the runner ticks the core after every result, and a write that
 // fails at once (a closed connection) must not be sent again at once, in a
 // loop that takes the CPU the live nodes need for their own renewals
-// (invariant L5 of docs/protocol.md).
+// (invariant O6 of docs/protocol.md).
 func (c *shardCore) retryPause() int64 { return c.lease / 16 }
 
 // renewLanded reports an opRenew that came back as a conflict although it

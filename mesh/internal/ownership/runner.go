@@ -573,7 +573,7 @@ func (r *Runner) release(op shardOp, key string, report func(uint64, error)) {
 // ownRenewal reads the entry of a renewal refused as a conflict: if it
 // names this node in op's epoch at a revision after op.rev, the conflict
 // was with a renewal of this node's own whose acknowledgement was lost
-// (invariant L4 of docs/protocol.md). Only this node writes its name with
+// (invariant O3 of docs/protocol.md). Only this node writes its name with
 // that epoch; a claim by another node names that node, and a read that
 // lags shows op.rev or older.
 func (r *Runner) ownRenewal(key string, op shardOp, done func(rev uint64, ok bool)) {

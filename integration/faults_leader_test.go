@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -57,7 +58,7 @@ func TestFaultStreamLeaderFailover(t *testing.T) {
 	rotate := func(i int) []string { return append(slices.Clone(urls[i:]), urls[:i]...) }
 	nodes := make([]*testNode, len(servers))
 	for i := range servers {
-		nodes[i] = startNodeRetry(t, mesh.NodeConfig{Replicas: 3}, rotate(i)...)
+		nodes[i] = startNodeRetry(t, mesh.NodeConfig{Replicas: 3, Logger: faultLog(t, fmt.Sprint(i))}, rotate(i)...)
 	}
 	rev := putPolicy(t, nodes[0].nc, "rl_policies", "hot", hotPolicy)
 	waitApplied(t, "hot", rev, nodes...)

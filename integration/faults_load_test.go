@@ -3,6 +3,7 @@ package integration
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"sync"
@@ -378,6 +379,19 @@ func checkAccounting(t *testing.T, nc *nats.Conn, a hotAccount, admitted, failed
 		t.Errorf("CONTRACT: %d units admitted after the burst within %.3fs, more than rate × span = %.2f",
 			all, span, allowed)
 	}
+}
+
+// faultLog returns a logger for a fault test's node (Info and above, each
+// line prefixed with name) whose lines the test prints if it fails.
+func faultLog(t *testing.T, name string) *slog.Logger {
+	t.Helper()
+	buf := &syncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log of node %s (last 8 kB):\n%s", name, tail(buf.String(), 8<<10))
+		}
+	})
+	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
 // requireClean fails on replies other than decisions, 503s and (when

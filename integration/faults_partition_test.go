@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -24,7 +25,7 @@ func TestFaultPartition(t *testing.T) {
 	for i := range nodes {
 		// Each node and each client stays on its own server: the cut-off
 		// side is the cut-off server with its node and clients.
-		nodes[i] = startNodeRetry(t, mesh.NodeConfig{Replicas: 3}, pc.URL(i))
+		nodes[i] = startNodeRetry(t, mesh.NodeConfig{Replicas: 3, Logger: faultLog(t, fmt.Sprint(i))}, pc.URL(i))
 	}
 	rev := putPolicy(t, nodes[0].nc, "rl_policies", "hot", hotPolicy)
 	waitApplied(t, "hot", rev, nodes...)

@@ -250,6 +250,22 @@ func metricValue(t testing.TB, tn *testNode, series string) float64 {
 	return 0
 }
 
+// waitMetric waits until the node's series reaches want and fails if it
+// is then above it. A node updates its ownership gauge and counters just
+// after the router change that Owns reports, so a test that waited on Owns
+// waits on them too.
+func waitMetric(t testing.TB, tn *testNode, series string, want float64) {
+	t.Helper()
+	var v float64
+	waitFor(t, fmt.Sprintf("%s at %v", series, want), func() bool {
+		v = metricValue(t, tn, series)
+		return v >= want
+	})
+	if v != want {
+		t.Fatalf("%s = %v, want %v", series, v, want)
+	}
+}
+
 const acmePolicy = `{"match": {"tenant": "acme", "operation": "search"},
  "key": ["tenant", "operation", "plan"],
  "limits": [{"name": "rate", "algorithm": "token_bucket", "rate": "10/s", "burst": 40}],
@@ -372,6 +388,19 @@ func admittedOf(replies []reply) int {
 		}
 	}
 	return n
+}
+
+// requireOwner fails unless the reply r names partition p (its
+// "partition" hint) and node owner serves p now: a test that kills the
+// owner of a key's partition checks with it that it kills the right node.
+func requireOwner(t testing.TB, r reply, p int, owner *mesh.Node) {
+	t.Helper()
+	if r.Partition != p {
+		t.Fatalf("reply %+v names partition %d, want %d", r, r.Partition, p)
+	}
+	if !owner.Owns(p) {
+		t.Fatalf("node %s does not own partition %d", owner.ID(), p)
+	}
 }
 
 // startOwnNode starts a node on nc and leaves stopping it to the test (for

@@ -118,9 +118,9 @@ func TestOwnershipSpreadAndRouting(t *testing.T) {
 		if count[i] < 10 {
 			t.Fatalf("uneven spread: %v", count)
 		}
-		if v := metricValue(t, nodes[i], "limitmesh_owned_partitions"); int(v) != count[i] {
-			t.Fatalf("node %d: owned gauge %v, owns %d", i, v, count[i])
-		}
+		waitFor(t, fmt.Sprintf("node %d's owned gauge at %d", i, count[i]), func() bool {
+			return int(metricValue(t, nodes[i], "limitmesh_owned_partitions")) == count[i]
+		})
 	}
 	t.Logf("partitions per node: %v", count)
 
@@ -269,9 +269,11 @@ func TestKilledOwnerTakeover(t *testing.T) {
 	desc := map[string]string{"tenant": tenant}
 	p := nodes[0].node.PartitionOf(slowKey(tenant))
 	epoch := nodes[2].node.Epoch(p)
-	if r := decide(t, nodes[0].nc, "rl.v1.decide", req(desc, `"cost":38`)); !r.Allowed {
+	r := decide(t, nodes[0].nc, "rl.v1.decide", req(desc, `"cost":38`))
+	if !r.Allowed {
 		t.Fatalf("first spend: %+v", r)
 	}
+	requireOwner(t, r, p, nodes[2].node)
 	killed := time.Now()
 	nodes[2].nc.Close() // the node's process is gone as far as NATS can tell
 	rest := []*testNode{nodes[0], nodes[1], nil}
@@ -282,9 +284,9 @@ func TestKilledOwnerTakeover(t *testing.T) {
 	if e2 := rest[newOwner].node.Epoch(p); e2 <= epoch {
 		t.Fatalf("partition %d taken over in epoch %d, not above %d", p, e2, epoch)
 	}
-	if v := metricValue(t, rest[newOwner], `limitmesh_ownership_changes_total{change="claimed"}`); v == 0 {
-		t.Fatal("no claim counted")
-	}
+	waitFor(t, "a claim counted", func() bool {
+		return metricValue(t, rest[newOwner], `limitmesh_ownership_changes_total{change="claimed"}`) > 0
+	})
 	admitted := 0
 	for range 10 {
 		r := decide(t, nodes[0].nc, "rl.v1.decide", req(desc, ""))
@@ -359,9 +361,7 @@ func TestDeposedOwnerFenced(t *testing.T) {
 	if r.Code != "503" {
 		t.Fatalf("deposed owner answered %+v, want 503 (no decision against its stale state)", r)
 	}
-	if v := metricValue(t, n, `limitmesh_ownership_changes_total{change="lost"}`); v != 1 {
-		t.Fatalf("lost changes = %v, want 1", v)
-	}
+	waitMetric(t, n, `limitmesh_ownership_changes_total{change="lost"}`, 1)
 	// The intruder never renews: the node takes the partition back.
 	waitFor(t, "partition reclaimed", func() bool { return n.node.Owns(p) })
 	if e2 := n.node.Epoch(p); e2 <= epoch {
@@ -463,9 +463,7 @@ func (o *ownerSpent) overwrite(t *testing.T, what string, val []byte) uint64 {
 // more, are admitted.
 func (o *ownerSpent) checkRest(t *testing.T, lost float64, when string) {
 	t.Helper()
-	if v := metricValue(t, o.n, `limitmesh_ownership_changes_total{change="lost"}`); v != lost {
-		t.Fatalf("lost changes = %v, want %v", v, lost)
-	}
+	waitMetric(t, o.n, `limitmesh_ownership_changes_total{change="lost"}`, lost)
 	if got := decide(t, o.n.nc, "rl.v1.decide", req(o.desc, `"cost":30`)); !got.Allowed || got.Remaining >= 1 {
 		t.Fatalf("%s: %+v, want 30 of the 30 left admitted", when, got)
 	}

@@ -51,10 +51,12 @@ const (
 
 var hotDesc = map[string]string{"tenant": "hot"}
 
-// faultRequestTimeout is a load client's request timeout (nodes answer 503
-// after their 500 ms decision deadline, so a timeout means no node got
-// or answered the request: a connection that went away).
-const faultRequestTimeout = 2 * time.Second
+// faultRequestTimeout is a load client's request timeout. Nodes answer 503
+// after their 500 ms decision deadline, so a timeout means no node got or
+// answered the request (a connection that went away), or a machine so
+// loaded that a node could not run for seconds: 10× the deadline leaves
+// room for that.
+const faultRequestTimeout = 5 * time.Second
 
 // loadStats counts the outcomes of a load's requests.
 type loadStats struct {

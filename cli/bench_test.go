@@ -183,10 +183,10 @@ func TestBenchHotKeyAgainstServe(t *testing.T) {
 	t.Cleanup(nc.Close)
 	// bench measures spans on the monotonic clock, a node decides on its
 	// Clock (the wall clock by default): their rates differ while the
-	// system clock is slewed or stepped (seen on the test VM: the wall
-	// clock 0.5% fast for minutes at a time, which made a saturated key at
-	// 50/s look 0.1 units over). This node's clock advances with the
-	// monotonic clock, so both measure the same time.
+	// system clock is slewed or stepped (on a VM, by as much as 0.5% for
+	// minutes: a saturated key at 50/s then looks 0.1 units over). This
+	// node's clock advances with the monotonic clock, so both measure the
+	// same time.
 	base := time.Now()
 	node, err := mesh.NewNode(nc, mesh.NodeConfig{Prefix: "hot", Clock: func() time.Time {
 		return base.Add(time.Since(base)).Round(0)

@@ -332,9 +332,9 @@ func prespend(t *testing.T, nc *nats.Conn) hotAccount {
 
 // wallSeconds is the time from a to b on the wall clock, the clock nodes
 // decide with. Time.Sub would use the monotonic clock, whose rate differs
-// from the wall clock's while the system clock is slewed or stepped (seen
-// on the test VM: 0.5% for minutes at a time), which would count as
-// refill a node never saw or miss some it did.
+// from the wall clock's while the system clock is slewed or stepped (on a
+// VM, by as much as 0.5% for minutes), which would count as refill a node
+// never saw or miss some it did.
 func wallSeconds(a, b time.Time) float64 {
 	return float64(b.UnixNano()-a.UnixNano()) / 1e9
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -34,7 +33,7 @@ func TestStopDrains(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			started <- struct{}{}
-			_, err := client.Request("rl.v1.decide", []byte(req(map[string]string{"tenant": "drain"}, "")), 3*time.Second)
+			_, err := client.Request("rl.v1.decide", []byte(req(map[string]string{"tenant": "drain"}, "")), testTimeout)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {

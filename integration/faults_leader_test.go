@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 // stateLeader returns the server name of the KV_rl_state stream leader
 // ("" while there is none or the request fails).
 func stateLeader(nc *nats.Conn) string {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	js, _ := jetstream.New(nc)
 	s, err := js.Stream(ctx, "KV_rl_state")
@@ -29,11 +30,24 @@ func stateLeader(nc *nats.Conn) string {
 	return info.Cluster.Leader
 }
 
+// waitStateLeader polls until the KV_rl_state stream has a leader and
+// returns its server name.
+func waitStateLeader(t *testing.T, nc *nats.Conn) string {
+	t.Helper()
+	var leader string
+	waitWithin(t, faultTimeout, "a state stream leader", func() bool {
+		leader = stateLeader(nc)
+		return leader != ""
+	})
+	return leader
+}
+
 // TestFaultStreamLeaderFailover: three servers, R3 buckets, a node on each,
-// load on one hot key through every server. The state stream's leader
-// steps down, then the new leader's server shuts down. Decisions resume
-// after each (the longest gap is logged), every failure a node answers is
-// a clean 503, and the stored state accounts for every admission.
+// load on one hot key through every server, its limit denying most of it.
+// The state stream's leader steps down, then the new leader's server shuts
+// down. Decisions resume after each (the longest gap is logged), the limit
+// denies during each, every failure a node answers is a clean 503, and the
+// stored state accounts for every admission (hotPolicy).
 func TestFaultStreamLeaderFailover(t *testing.T) {
 	servers := embeddedCluster(t, 3)
 	urls := make([]string, len(servers))
@@ -44,7 +58,7 @@ func TestFaultStreamLeaderFailover(t *testing.T) {
 	rotate := func(i int) []string { return append(slices.Clone(urls[i:]), urls[:i]...) }
 	nodes := make([]*testNode, len(servers))
 	for i := range servers {
-		nodes[i] = startNodeRetry(t, mesh.NodeConfig{Replicas: 3}, rotate(i)...)
+		nodes[i] = startNodeRetry(t, mesh.NodeConfig{Replicas: 3, Logger: faultLog(t, fmt.Sprint(i))}, rotate(i)...)
 	}
 	rev := putPolicy(t, nodes[0].nc, "rl_policies", "hot", hotPolicy)
 	waitApplied(t, "hot", rev, nodes...)
@@ -56,14 +70,12 @@ func TestFaultStreamLeaderFailover(t *testing.T) {
 	}
 	admin := connectURLs(t, urls...)
 
+	acct := prespend(t, conns[0])
 	l := startLoad(t, conns, hotDesc)
-	l.waitDecisions(t, loadStats{}, 200, testTimeout, "warm-up")
+	l.waitDecisions(t, loadStats{}, 200, faultTimeout, "warm-up")
 
 	// 1. The stream leader steps down.
-	before := stateLeader(admin)
-	if before == "" {
-		t.Fatal("no state stream leader")
-	}
+	before := waitStateLeader(t, admin)
 	l.resetGap()
 	s0 := l.stats()
 	m, err := admin.Request("$JS.API.STREAM.LEADER.STEPDOWN.KV_rl_state", nil, testTimeout)
@@ -77,11 +89,11 @@ func TestFaultStreamLeaderFailover(t *testing.T) {
 		t.Fatalf("leader stepdown: %s", m.Data)
 	}
 	var after string
-	waitFor(t, "a new state stream leader", func() bool {
+	waitWithin(t, faultTimeout, "a new state stream leader", func() bool {
 		after = stateLeader(admin)
 		return after != "" && after != before
 	})
-	l.waitDecisions(t, l.stats(), 200, 3*testTimeout, "after the stepdown")
+	l.waitDecisions(t, l.stats(), 200, faultTimeout, "after the stepdown")
 	s1 := l.stats()
 	d1 := s1.sub(s0)
 	t.Logf("stepdown %s -> %s: %v", before, after, d1)
@@ -98,11 +110,11 @@ func TestFaultStreamLeaderFailover(t *testing.T) {
 	}
 	servers[victim].Shutdown()
 	var third string
-	waitFor(t, "a leader on a surviving server", func() bool {
+	waitWithin(t, faultTimeout, "a leader on a surviving server", func() bool {
 		third = stateLeader(admin)
 		return third != "" && third != after
 	})
-	l.waitDecisions(t, l.stats(), 200, 3*testTimeout, "after the leader's server shut down")
+	l.waitDecisions(t, l.stats(), 200, faultTimeout, "after the leader's server shut down")
 	l.stop()
 	s2 := l.stats()
 	d2 := s2.sub(s1)
@@ -113,5 +125,5 @@ func TestFaultStreamLeaderFailover(t *testing.T) {
 
 	total := l.stats()
 	t.Logf("whole run: %v", total)
-	checkAccounting(t, admin, total.admitted, total.failed())
+	checkAccounting(t, admin, acct, total.admitted, total.failed())
 }

@@ -1,10 +1,11 @@
 package integration
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,31 +14,49 @@ import (
 	"github.com/nats-io/nats.go/micro"
 )
 
-// The fault tests drive one hot key with a policy whose burst is far
-// larger than anything a test can spend and which refills less than one
-// unit during a test. Every admission must then be visible in the stored
-// state afterwards, whatever failed in between:
+// The fault tests drive one hot key whose limit denies most of the load
+// all along: a token bucket of hotBurst units refilled at hotRate units/s,
+// emptied by one request of hotBurst units (prespend) before the load
+// starts. From then on the load (hundreds to thousands of requests a
+// second) is admitted at about hotRate/s, more right after a gap, and
+// denied otherwise: during every fault, a node that decided from a stale or
+// forgotten state would admit beyond the limit, and the accounting shows
+// it.
 //
-//	admitted by clients <= units spent in the stored state
+// The bucket needs hotBurst/hotRate = 400 s without admissions to fill up
+// again, far longer than any test waits, so it never caps its refill, and
+// the units spent between two decisions follow exactly from the credit
+// each reports (its remaining) and the refill between them:
 //
-// (0 overshoot, nothing forgotten). A strict limiter that admitted from a
-// stale cache, or a failover that lost or forgot state (a fresh burst),
-// breaks it. The units spent beyond the admissions (writes that landed
-// while the client got a 503 or no reply, or a request decided again after
-// a write whose outcome the node could not know) are logged: they are
-// under-admission, which the contract allows.
+//	spent = credit(start) + hotRate × (t(end) - t(start)) - credit(end)
+//
+// A test samples the credit before its load starts and after it ended
+// (sampleHot) and checks (checkAccounting):
+//
+//	admitted by clients <= spent in the stored state   (nothing forgotten, no overshoot)
+//	spent <= admitted + requests without a decision    (no unit spent twice)
+//
+// The second bound counts a 503 or an unanswered request as possibly spent
+// (its write may have landed); a unit spent beyond that is a double spend.
+// Each decision's instant is known to within its round trip on the wall
+// clock (nodes decide with it); the samples are taken from decisions with
+// short round trips, so the refill between them is known to a fraction of
+// a unit.
 const (
-	hotBurst  = 1_000_000
+	hotBurst  = 20000
+	hotRate   = 50 // units per second
 	hotPolicy = `{"match": {"tenant": "hot"}, "key": ["tenant"],
- "limits": [{"name": "rate", "algorithm": "token_bucket", "rate": "1/h", "burst": 1000000}]}`
+ "limits": [{"name": "rate", "algorithm": "token_bucket", "rate": "50/s", "burst": 20000}]}`
 )
 
 var hotDesc = map[string]string{"tenant": "hot"}
 
-// faultRequestTimeout is a load client's request timeout (nodes answer 503
-// after their 500 ms decision deadline, so a timeout means no node got
-// or answered the request: a connection that went away).
-const faultRequestTimeout = 2 * time.Second
+// faultRequestTimeout is a load client's request timeout. Nodes answer 503
+// after their 500 ms decision deadline, so a timeout means no node got or
+// answered the request (a connection that went away), or a machine so
+// loaded that a node could not run for seconds: 10× the deadline leaves
+// room for that.
+const faultRequestTimeout = 5 * time.Second
 
 // loadStats counts the outcomes of a load's requests.
 type loadStats struct {
@@ -45,6 +64,7 @@ type loadStats struct {
 	unavailable      int      // 503 replies
 	transport        int      // no reply: timeout, no responders, connection closed
 	unexpected       []string // any other reply
+	partitions       []int    // the decisions' "partition" hints (-1: none)
 	maxGap           time.Duration
 	maxGapEnd        time.Time
 }
@@ -69,6 +89,7 @@ func (s loadStats) sub(o loadStats) loadStats {
 		unavailable: s.unavailable - o.unavailable,
 		transport:   s.transport - o.transport,
 		unexpected:  s.unexpected[len(o.unexpected):],
+		partitions:  s.partitions,
 		maxGap:      s.maxGap,
 		maxGapEnd:   s.maxGapEnd,
 	}
@@ -138,10 +159,13 @@ func (l *load) record(m *nats.Msg, err error) {
 		}
 		return
 	}
-	var r reply
-	if err := json.Unmarshal(m.Data, &r); err != nil {
+	r, err := decodeReply(m)
+	if err != nil {
 		l.st.unexpected = append(l.st.unexpected, "bad reply: "+string(m.Data))
 		return
+	}
+	if !slices.Contains(l.st.partitions, r.Partition) {
+		l.st.partitions = append(l.st.partitions, r.Partition)
 	}
 	if r.Allowed {
 		l.st.admitted++
@@ -175,6 +199,7 @@ func (l *load) stats() loadStats {
 	}
 	st := l.st
 	st.unexpected = append([]string(nil), st.unexpected...)
+	st.partitions = slices.Clone(st.partitions)
 	return st
 }
 
@@ -187,13 +212,15 @@ func (l *load) resetGap() {
 }
 
 // waitDecisions waits (bounded by within) until n more decisions than in
-// the snapshot from have been answered.
+// the snapshot from have been answered, at least one of them a denial: the
+// load exceeds the hot key's limit, so the limit binds again after a fault
+// once the credit gathered during the gap is spent.
 func (l *load) waitDecisions(t *testing.T, from loadStats, n int, within time.Duration, what string) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for l.stats().ok()-from.ok() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: fewer than %d decisions within %s (%v)", what, n, within, l.stats().sub(from))
+	start := time.Now()
+	for st := l.stats(); st.ok()-from.ok() < n || st.denied == from.denied; st = l.stats() {
+		if time.Since(start) > within {
+			t.Fatalf("%s: fewer than %d decisions or no denial within %s (%v)", what, n, within, st.sub(from))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -209,34 +236,164 @@ func (l *load) stop() {
 	l.wg.Wait()
 }
 
-// checkAccounting spends one more unit through nc (retrying 503s, bounded
-// like the recovery after a heal: a server cut off from the others may
-// keep a stale stream leader, whose answers fail the hot key's claims, up
-// to the raft's lost-quorum interval) and checks the admissions against
-// the stored state that decision reports. failed is the number of load
-// requests without a 200 reply.
-func checkAccounting(t *testing.T, nc *nats.Conn, admitted, failed int) {
+// hotSample is the hot key's credit at one decision.
+type hotSample struct {
+	credit     float64   // units left at the decision, before its own spend
+	allowed    bool      // the decision
+	sent, recv time.Time // the request's send and the reply's receive instants
+	// Of the requests sampleHot sent before this one and this one: units
+	// admitted, and requests without a decision (503 or no reply).
+	admitted, failed int
+}
+
+// rtt is the sample's round trip: the uncertainty of its decision's
+// instant.
+func (s hotSample) rtt() time.Duration { return s.recv.Sub(s.sent) }
+
+// hotSampleRTT is the round trip sampleHot aims for: the refill during it
+// (0.1 unit at hotRate) is the accounting's uncertainty.
+const hotSampleRTT = 2 * time.Millisecond
+
+// sampleHot decides requests of cost 1 for the hot key through nc, one at
+// a time, until one has a round trip of at most hotSampleRTT, and at most
+// 20 decisions (requests without a decision are retried, bounded by
+// faultTimeout), and returns the last decision's sample.
+func sampleHot(t *testing.T, nc *nats.Conn) hotSample {
 	t.Helper()
-	var r reply
-	waitWithin(t, 4*testTimeout, "a decision to read the stored state", func() bool {
-		m, err := nc.Request("rl.v1.decide", []byte(req(hotDesc, "")), faultRequestTimeout)
+	var s hotSample
+	body := []byte(req(hotDesc, ""))
+	decisions := 0
+	waitWithin(t, faultTimeout, "a decision of the hot key", func() bool {
+		sent := time.Now()
+		m, err := nc.Request("rl.v1.decide", body, faultRequestTimeout)
+		recv := time.Now()
 		if err != nil {
+			s.failed++
 			return false
 		}
-		r = reply{}
-		if json.Unmarshal(m.Data, &r) != nil || m.Header.Get(micro.ErrorCodeHeader) != "" {
+		r, err := decodeReply(m)
+		if err == nil && r.Code == "503" {
+			s.failed++
 			return false
 		}
-		return r.Allowed
+		if err != nil || r.Code != "" {
+			t.Fatalf("sample: %q (%v)", m.Data, err)
+		}
+		decisions++
+		s.sent, s.recv, s.credit, s.allowed = sent, recv, r.Remaining, r.Allowed
+		if r.Allowed {
+			s.admitted++
+			s.credit++
+		}
+		return s.rtt() <= hotSampleRTT || decisions == 20
 	})
-	// remaining = burst - spent - 1 (this probe) + refill, refill < 1 unit.
-	spent := int(math.Ceil(hotBurst - r.Remaining - 1 - 1e-6))
-	t.Logf("accounting: admitted %d, spent in the store %d (%d not admitted), requests without a decision %d",
-		admitted, spent, spent-admitted, failed)
-	if admitted > spent {
-		t.Errorf("OVERSHOOT: clients were admitted %d units but the stored state spent only %d (%d admitted and forgotten or never written)",
-			admitted, spent, admitted-spent)
+	return s
+}
+
+// hotAccount is a fault test's accounting of the hot key: the prespend and
+// the credit sampled before the load starts.
+type hotAccount struct {
+	prespent time.Time // the prespend's first attempt sent
+	failed   int       // prespend attempts without a decision
+	start    hotSample
+}
+
+// prespend spends the hot key's whole burst in one request (its first
+// decision: the key starts full), retried with its request_id on a 503 or
+// no reply, so that it spends once; then it samples the credit through nc
+// (sampleHot): the start of the test's accounting.
+func prespend(t *testing.T, nc *nats.Conn) hotAccount {
+	t.Helper()
+	a := hotAccount{prespent: time.Now()}
+	body := []byte(req(hotDesc, fmt.Sprintf(`"cost":%d,"request_id":"prespend-%x"`, hotBurst, time.Now().UnixNano())))
+	var r reply
+	waitWithin(t, faultTimeout, "the prespend's decision", func() bool {
+		m, err := nc.Request("rl.v1.decide", body, faultRequestTimeout)
+		if err != nil {
+			a.failed++
+			return false
+		}
+		r, err = decodeReply(m)
+		if err == nil && r.Code == "503" {
+			a.failed++
+			return false
+		}
+		if err != nil || r.Code != "" {
+			t.Fatalf("prespend: %q (%v)", m.Data, err)
+		}
+		return true
+	})
+	if !r.Allowed || r.Remaining >= 1 {
+		t.Fatalf("prespend of the whole burst: %+v, want admitted with nothing left", r)
 	}
+	a.start = sampleHot(t, nc)
+	return a
+}
+
+// wallSeconds is the time from a to b on the wall clock, the clock nodes
+// decide with. Time.Sub would use the monotonic clock, whose rate differs
+// from the wall clock's while the system clock is slewed or stepped (on a
+// VM, by as much as 0.5% for minutes), which would count as refill a node
+// never saw or miss some it did.
+func wallSeconds(a, b time.Time) float64 {
+	return float64(b.UnixNano()-a.UnixNano()) / 1e9
+}
+
+// checkAccounting samples the hot key's credit through nc once more
+// (retrying failures, bounded like the recovery after a heal: a server cut
+// off from the others may keep a stale stream leader, whose answers fail
+// the hot key's claims, up to the raft's lost-quorum interval) and checks
+// the load's admissions against the units spent since the start sample
+// (see hotPolicy). admitted and failed count the load's requests admitted
+// and without a decision; every request the load sent has ended.
+func checkAccounting(t *testing.T, nc *nats.Conn, a hotAccount, admitted, failed int) {
+	t.Helper()
+	end := sampleHot(t, nc)
+	// Between the two samples' decisions: the load, and the end sample's
+	// requests before its last. Failed requests of the prespend and the
+	// start sample may have been decided late: count them too.
+	admittedIn := admitted + end.admitted
+	if end.allowed {
+		admittedIn-- // the last sample's own spend comes after its credit
+	}
+	failedIn := failed + a.failed + a.start.failed + end.failed
+	refillMin := hotRate * wallSeconds(a.start.recv, end.sent)
+	refillMax := hotRate * wallSeconds(a.start.sent, end.recv)
+	const eps = 0.01 // units: micro-unit rounding of remaining, nothing more
+	spentMin := int(math.Ceil(a.start.credit + refillMin - end.credit - eps))
+	spentMax := int(math.Floor(a.start.credit + refillMax - end.credit + eps))
+	t.Logf("accounting: admitted %d units, %d requests without a decision; the stored state spent %d..%d units (%d..%d not admitted; sample round trips %s and %s)",
+		admittedIn, failedIn, spentMin, spentMax, spentMin-admittedIn, spentMax-admittedIn,
+		a.start.rtt().Round(time.Microsecond), end.rtt().Round(time.Microsecond))
+	if admittedIn > spentMax {
+		t.Errorf("OVERSHOOT: clients were admitted %d units but the stored state spent at most %d (%d admitted and forgotten, or decided from a stale state)",
+			admittedIn, spentMax, admittedIn-spentMax)
+	}
+	if spentMin > admittedIn+failedIn {
+		t.Errorf("DOUBLE SPEND: the stored state spent at least %d units, but only %d were admitted and %d requests got no decision (%d units spent twice)",
+			spentMin, admittedIn, failedIn, spentMin-admittedIn-failedIn)
+	}
+	// The contract as clients alone see it: after the prespend emptied the
+	// bucket, at most rate × span.
+	all := admitted + a.start.admitted + end.admitted
+	span := wallSeconds(a.prespent, end.recv)
+	if allowed := hotRate * span; float64(all) > allowed+eps {
+		t.Errorf("CONTRACT: %d units admitted after the burst within %.3fs, more than rate × span = %.2f",
+			all, span, allowed)
+	}
+}
+
+// faultLog returns a logger for a fault test's node (Info and above, each
+// line prefixed with name) whose lines the test prints if it fails.
+func faultLog(t *testing.T, name string) *slog.Logger {
+	t.Helper()
+	buf := &syncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log of node %s (last 8 kB):\n%s", name, tail(buf.String(), 8<<10))
+		}
+	})
+	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
 // requireClean fails on replies other than decisions, 503s and (when

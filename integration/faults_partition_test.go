@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -12,8 +13,9 @@ import (
 // node and load on each. The server that leads the state stream is cut off
 // from the other two: the majority side keeps deciding once a new leader
 // is elected, the cut-off node answers 503 (it cannot commit a write), and
-// after healing every side decides again. The stored state accounts for
-// every admission on both sides.
+// after healing every side decides again. The hot key's limit denies most
+// of the load throughout, and the stored state accounts for every
+// admission on both sides (hotPolicy).
 func TestFaultPartition(t *testing.T) {
 	if testing.Short() {
 		t.Skip("partition test: waits for a raft election (up to ~10 s)")
@@ -23,7 +25,7 @@ func TestFaultPartition(t *testing.T) {
 	for i := range nodes {
 		// Each node and each client stays on its own server: the cut-off
 		// side is the cut-off server with its node and clients.
-		nodes[i] = startNodeRetry(t, mesh.NodeConfig{Replicas: 3}, pc.URL(i))
+		nodes[i] = startNodeRetry(t, mesh.NodeConfig{Replicas: 3, Logger: faultLog(t, fmt.Sprint(i))}, pc.URL(i))
 	}
 	rev := putPolicy(t, nodes[0].nc, "rl_policies", "hot", hotPolicy)
 	waitApplied(t, "hot", rev, nodes...)
@@ -32,7 +34,8 @@ func TestFaultPartition(t *testing.T) {
 		conns[i] = []*nats.Conn{connectURLs(t, pc.URL(i)), connectURLs(t, pc.URL(i))}
 		waitRevision(t, conns[i][0], hotDesc, rev)
 	}
-	leader := stateLeader(conns[0][0])
+	acct := prespend(t, conns[0][0])
+	leader := waitStateLeader(t, conns[0][0])
 	k := -1
 	for i := range pc.servers {
 		if pc.servers[i].Name() == leader {
@@ -50,15 +53,15 @@ func TestFaultPartition(t *testing.T) {
 	}
 	maj := startLoad(t, majority, hotDesc)
 	minor := startLoad(t, conns[k], hotDesc)
-	maj.waitDecisions(t, loadStats{}, 200, testTimeout, "warm-up, majority")
-	minor.waitDecisions(t, loadStats{}, 50, testTimeout, "warm-up, cut-off side")
+	maj.waitDecisions(t, loadStats{}, 200, faultTimeout, "warm-up, majority")
+	minor.waitDecisions(t, loadStats{}, 50, faultTimeout, "warm-up, cut-off side")
 
 	// Cut the leader's server off.
 	maj.resetGap()
 	m0, n0 := maj.stats(), minor.stats()
 	pc.Isolate(t, k)
 	cutAt := time.Now()
-	maj.waitDecisions(t, maj.stats(), 200, 4*testTimeout, "majority after the cut")
+	maj.waitDecisions(t, maj.stats(), 200, faultTimeout, "majority after the cut")
 	mCut := maj.stats().sub(m0)
 	t.Logf("server %s cut off; majority decides again %s after the cut: %v",
 		leader, time.Since(cutAt).Round(time.Millisecond), mCut)
@@ -68,7 +71,7 @@ func TestFaultPartition(t *testing.T) {
 	requireClean(t, "majority during the cut", mCut, true)
 	// The cut-off side: its node gets no write committed, so it answers
 	// 503 (once a request there has waited out its decision deadline).
-	waitFor(t, "503s on the cut-off side", func() bool { return minor.stats().unavailable > n0.unavailable })
+	waitWithin(t, faultTimeout, "503s on the cut-off side", func() bool { return minor.stats().unavailable > n0.unavailable })
 	nCut := minor.stats().sub(n0)
 	t.Logf("cut-off side during the cut: %v", nCut)
 	requireClean(t, "cut-off side during the cut", nCut, true)
@@ -86,8 +89,8 @@ func TestFaultPartition(t *testing.T) {
 	minor.resetGap()
 	pc.Heal(t, k)
 	healAt := time.Now()
-	minor.waitDecisions(t, n1, 100, 4*testTimeout, "cut-off side after healing")
-	maj.waitDecisions(t, m1, 100, testTimeout, "majority after healing")
+	minor.waitDecisions(t, n1, 100, faultTimeout, "cut-off side after healing")
+	maj.waitDecisions(t, m1, 100, faultTimeout, "majority after healing")
 	t.Logf("healed; the cut-off side decides again %s after healing", time.Since(healAt).Round(time.Millisecond))
 	maj.stop()
 	minor.stop()
@@ -98,5 +101,5 @@ func TestFaultPartition(t *testing.T) {
 
 	a, b := maj.stats(), minor.stats()
 	t.Logf("whole run: majority %v; cut-off side %v", a, b)
-	checkAccounting(t, conns[(k+1)%3][0], a.admitted+b.admitted, a.failed()+b.failed())
+	checkAccounting(t, conns[(k+1)%3][0], acct, a.admitted+b.admitted, a.failed()+b.failed())
 }

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"slices"
 	"strconv"
@@ -37,14 +38,16 @@ func procCluster(t *testing.T) ([]*proc, [][]*nats.Conn) {
 // TestFaultRollingRestart: under load on one hot key, every serve process
 // in turn gets SIGTERM (it drains and exits 0) and is restarted with the
 // same --data; decisions continue (the longest gap of each step is
-// logged) and the stored state accounts for every admission.
+// logged), the hot key's limit denies during each step, and the stored
+// state accounts for every admission (hotPolicy).
 func TestFaultRollingRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("rolling restart of three processes")
 	}
 	procs, conns := procCluster(t)
+	acct := prespend(t, conns[0][0])
 	l := startLoad(t, slices.Concat(conns...), hotDesc)
-	l.waitDecisions(t, loadStats{}, 200, testTimeout, "warm-up")
+	l.waitDecisions(t, loadStats{}, 200, faultTimeout, "warm-up")
 	for _, p := range procs {
 		l.resetGap()
 		s0 := l.stats()
@@ -52,7 +55,7 @@ func TestFaultRollingRestart(t *testing.T) {
 		start := time.Now()
 		p.stop()
 		p.restart()
-		l.waitDecisions(t, l.stats(), 200, 3*testTimeout, "after restarting "+p.name)
+		l.waitDecisions(t, l.stats(), 200, faultTimeout, "after restarting "+p.name)
 		d := l.stats().sub(s0)
 		t.Logf("%s (state stream leader before: %s) restarted in %s: %v", p.name, leader, time.Since(start).Round(time.Millisecond), d)
 		// Clients of the stopping server lose requests in flight when it
@@ -62,7 +65,7 @@ func TestFaultRollingRestart(t *testing.T) {
 	l.stop()
 	total := l.stats()
 	t.Logf("whole run: %v", total)
-	checkAccounting(t, conns[0][0], total.admitted, total.failed())
+	checkAccounting(t, conns[0][0], acct, total.admitted, total.failed())
 }
 
 var nodeIDLine = regexp.MustCompile(`msg="node serving".* node=([A-Za-z0-9_-]+)`)
@@ -77,21 +80,10 @@ func (p *proc) nodeID(t *testing.T) string {
 	return m[len(m)-1][1]
 }
 
-// partitionOf is the partition of a limit key among 64 (FNV-1a 32 of the
-// key, docs/protocol.md).
-func partitionOf(key string) int {
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h ^= uint32(key[i])
-		h *= 16777619
-	}
-	return int(h % 64)
-}
-
 // partOwner reads the node id in the shards bucket's part.<n> entry (""
 // when there is none or it cannot be read).
 func partOwner(nc *nats.Conn, part int) string {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	js, _ := jetstream.New(nc)
 	kv, err := js.KeyValue(ctx, "rl_shards")
@@ -111,28 +103,47 @@ func partOwner(nc *nats.Conn, part int) string {
 	return v.Node
 }
 
-// TestFaultKillOwner: three serve processes; a burst of load on one hot
-// key through the two processes that do not own the key's partition; the
-// owner gets SIGKILL (its embedded server dies with it). Another node
-// takes the partition over, decisions resume (the gap is logged), and the
-// stored state still holds every admission made before the kill: no
-// admission beyond the contract across the failover.
+// hotDecided is the number of decisions of the hot policy a process made
+// itself (not forwarded), from its /metrics.
+func hotDecided(t *testing.T, p *proc) float64 {
+	t.Helper()
+	return procMetric(t, p, `limitmesh_decisions_total{policy="hot",result="allowed"}`) +
+		procMetric(t, p, `limitmesh_decisions_total{policy="hot",result="denied"}`)
+}
+
+// TestFaultKillOwner: three serve processes; load on one hot key (its
+// limit denying most of it) through the two processes that do not own the
+// key's partition; the owner gets SIGKILL (its embedded server dies with
+// it). The partition comes from the replies' "partition" hint, its owner
+// from the shards bucket, and the test proves it killed that owner: before
+// the kill, every decision of the key was made by the process it kills
+// (its decisions counter), the two others decided none and forwarded.
+// Another node takes the partition over and decides, decisions resume (the
+// gap is logged), the limit denies after the kill, and the stored state
+// accounts for every admission across the failover: no admission beyond
+// the contract.
 func TestFaultKillOwner(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kill test with three processes")
 	}
 	procs, conns := procCluster(t)
-	part := partitionOf("p.hot.tenant=hot")
-	var owner int
-	waitFor(t, "an owner of the hot key's partition", func() bool {
-		id := partOwner(conns[0][0], part)
+	hint := decide(t, conns[0][0], "rl.v1.decide", req(hotDesc, `"dry_run":true`))
+	part := hint.Partition
+	if hint.Code != "" || part < 0 {
+		t.Fatalf("dry run %+v: want a decision with the partition hint", hint)
+	}
+	ownerIdx := func(id string) int {
 		for i, p := range procs {
 			if p.nodeID(t) == id {
-				owner = i
-				return true
+				return i
 			}
 		}
-		return false
+		return -1
+	}
+	owner := -1
+	waitFor(t, "an owner of the hot key's partition", func() bool {
+		owner = ownerIdx(partOwner(conns[0][0], part))
+		return owner >= 0
 	})
 	ownerID := procs[owner].nodeID(t)
 	var others []*nats.Conn
@@ -143,37 +154,59 @@ func TestFaultKillOwner(t *testing.T) {
 			survivor = conns[i][0]
 		}
 	}
+	acct := prespend(t, survivor)
 	l := startLoad(t, others, hotDesc)
-	l.waitDecisions(t, loadStats{}, 300, testTimeout, "burst before the kill")
+	l.waitDecisions(t, loadStats{}, 300, faultTimeout, "burst before the kill")
+
+	// The process about to be killed decides the key: it made at least
+	// every decision the load has seen so far (it keeps deciding while the
+	// counters are read), the two others made none and forwarded.
+	before := l.stats()
+	if !slices.Equal(before.partitions, []int{part}) {
+		t.Fatalf("the load's decisions carry partitions %v, want only %d", before.partitions, part)
+	}
+	for i, p := range procs {
+		decided := hotDecided(t, p)
+		forwarded := procMetric(t, p, `limitmesh_forwarded_total{outcome="ok"}`)
+		switch {
+		case i == owner && decided < float64(before.ok()):
+			t.Fatalf("%s (the partition's owner by the shards bucket) decided %v of the key, the load saw %d decisions", p.name, decided, before.ok())
+		case i != owner && (decided != 0 || forwarded == 0):
+			t.Fatalf("%s (not the owner) decided %v of the key and forwarded %v: the owner is not %s", p.name, decided, forwarded, procs[owner].name)
+		}
+	}
+	if id := partOwner(survivor, part); id != ownerID {
+		t.Fatalf("partition %d moved to %q before the kill", part, id)
+	}
 
 	l.resetGap()
-	before := l.stats()
+	before = l.stats()
 	leader := stateLeader(survivor)
 	procs[owner].kill()
 	killedAt := time.Now()
-	var newOwner string
+	newOwner := -1
 	// The killed process took a JetStream server with it: if it led the
-	// shards stream, an election (up to 9 s) comes before the lease (3 s)
-	// can even be renewed or claimed, so this wait is longer than others.
-	deadline := time.Now().Add(3 * testTimeout)
-	for {
-		newOwner = partOwner(survivor, part)
-		if newOwner != "" && newOwner != ownerID {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no new owner of partition %d within %v of the kill", part, 3*testTimeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	l.waitDecisions(t, l.stats(), 200, 3*testTimeout, "after killing the owner")
+	// shards stream, an election comes before the lease can even be
+	// renewed or claimed.
+	waitWithin(t, faultTimeout, fmt.Sprintf("a new owner of partition %d", part), func() bool {
+		newOwner = ownerIdx(partOwner(survivor, part))
+		return newOwner >= 0 && newOwner != owner
+	})
+	l.waitDecisions(t, l.stats(), 200, faultTimeout, "after killing the owner")
 	resumed := time.Since(killedAt)
 	l.stop()
 	after := l.stats().sub(before)
 	t.Logf("owner %s (%s) killed; partition %d now owned by %s; 200 decisions within %s of the kill: %v",
-		procs[owner].name, ownerID, part, newOwner, resumed.Round(time.Millisecond), after)
-	t.Logf("before the kill: admitted %d; state stream leader at the kill: %s", before.admitted, leader)
+		procs[owner].name, ownerID, part, procs[newOwner].name, resumed.Round(time.Millisecond), after)
+	t.Logf("before the kill: %v; state stream leader at the kill: %s", before, leader)
 	requireClean(t, "after the kill", after, true)
+	if !slices.Equal(l.stats().partitions, []int{part}) {
+		t.Errorf("the load's decisions carry partitions %v, want only %d", l.stats().partitions, part)
+	}
+	// The new owner decides the key now (its own counter moved).
+	if d := hotDecided(t, procs[newOwner]); d == 0 {
+		t.Errorf("%s owns partition %d but decided none of the key", procs[newOwner].name, part)
+	}
 	total := l.stats()
-	checkAccounting(t, survivor, total.admitted, total.failed())
+	checkAccounting(t, survivor, acct, total.admitted, total.failed())
 }

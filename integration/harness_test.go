@@ -21,8 +21,22 @@ import (
 	"github.com/nats-io/nats.go/micro"
 )
 
-// testTimeout bounds every single wait in these tests.
-const testTimeout = 10 * time.Second
+// The bounds of these tests. They are generous on purpose: the machine is
+// a shared, noisy 2-core VM where several test binaries may run at once,
+// and a bound only matters when something is wrong (a poll ends as soon
+// as its condition holds).
+const (
+	// testTimeout bounds one request, one JetStream call, or a node's
+	// start or stop.
+	testTimeout = 20 * time.Second
+	// waitTimeout bounds a poll for observable state (waitFor): a policy
+	// applied, a meta leader elected, a partition moved.
+	waitTimeout = 60 * time.Second
+	// faultTimeout bounds the recovery from an injected fault (a raft
+	// election after a server died or was cut off, a lease expiring, a
+	// process restarted) until decisions flow again.
+	faultTimeout = 2 * time.Minute
+)
 
 // server starts an embedded server with a random client port and its data
 // in dir (a t.TempDir() unless a restart test reuses one).
@@ -132,6 +146,9 @@ type reply struct {
 	RetryAfterMs int64   `json:"retry_after_ms"`
 	ResetAfterMs int64   `json:"reset_after_ms"`
 	ShadowDenied bool    `json:"shadow_denied"`
+	// Partition is the optional "partition" hint of a decision (the limit
+	// key's partition, docs/protocol.md), -1 when the reply has none.
+	Partition int `json:"partition"`
 
 	// Set for error replies.
 	Code  string `json:"-"`
@@ -146,14 +163,23 @@ func decide(t testing.TB, nc *nats.Conn, subject string, body string) reply {
 	if err != nil {
 		t.Fatalf("decide request: %v", err)
 	}
-	var r reply
-	if err := json.Unmarshal(m.Data, &r); err != nil {
+	r, err := decodeReply(m)
+	if err != nil {
 		t.Fatalf("decide reply %q: %v", m.Data, err)
+	}
+	return r
+}
+
+// decodeReply decodes a decision or a micro error reply.
+func decodeReply(m *nats.Msg) (reply, error) {
+	r := reply{Partition: -1}
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return reply{}, err
 	}
 	if m.Header != nil {
 		r.Code = m.Header.Get(micro.ErrorCodeHeader)
 	}
-	return r
+	return r, nil
 }
 
 // req builds a request body.
@@ -166,19 +192,20 @@ func req(desc map[string]string, extra string) string {
 	return s
 }
 
-// waitFor polls cond every few ms until it holds or testTimeout passes.
+// waitFor polls cond every few ms until it holds; it fails the test if
+// waitTimeout passes first.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	waitWithin(t, testTimeout, what, cond)
+	waitWithin(t, waitTimeout, what, cond)
 }
 
-// waitWithin is waitFor with the bound d.
-func waitWithin(t testing.TB, d time.Duration, what string, cond func() bool) {
+// waitWithin is waitFor with the bound limit.
+func waitWithin(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
+	start := time.Now()
 	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+		if time.Since(start) > limit {
+			t.Fatalf("timed out waiting for %s (%s)", what, limit)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -221,6 +248,22 @@ func metricValue(t testing.TB, tn *testNode, series string) float64 {
 		}
 	}
 	return 0
+}
+
+// waitMetric waits until the node's series reaches want and fails if it
+// is then above it. A node updates its ownership gauge and counters just
+// after the router change that Owns reports, so a test that waited on Owns
+// waits on them too.
+func waitMetric(t testing.TB, tn *testNode, series string, want float64) {
+	t.Helper()
+	var v float64
+	waitFor(t, fmt.Sprintf("%s at %v", series, want), func() bool {
+		v = metricValue(t, tn, series)
+		return v >= want
+	})
+	if v != want {
+		t.Fatalf("%s = %v, want %v", series, v, want)
+	}
 }
 
 const acmePolicy = `{"match": {"tenant": "acme", "operation": "search"},
@@ -266,10 +309,7 @@ func burstReplies(t testing.TB, conns []*nats.Conn, desc map[string]string, n in
 				errs[i] = err
 				return
 			}
-			errs[i] = json.Unmarshal(m.Data, &replies[i])
-			if m.Header != nil {
-				replies[i].Code = m.Header.Get(micro.ErrorCodeHeader)
-			}
+			replies[i], errs[i] = decodeReply(m)
 		}()
 	}
 	start.Done()
@@ -280,6 +320,87 @@ func burstReplies(t testing.TB, conns []*nats.Conn, desc map[string]string, n in
 		}
 	}
 	return replies
+}
+
+// burstDecisions sends n requests for desc at once (released together),
+// request i on conns[i%len(conns)], each with a request_id of its own, and
+// sends a request again with the same id (bounded by waitTimeout) while it
+// gets a 503 or no reply. It returns the decisions in order and the number
+// of 503s and unanswered attempts. A request_id makes a retry spend at most
+// once (CONTRACT.md §2), so the decisions account for every unit exactly:
+// a burst of n over a limit of c units admits exactly min(n, c), however
+// many attempts failed on a loaded machine.
+func burstDecisions(t testing.TB, conns []*nats.Conn, desc map[string]string, n int) (replies []reply, failed int) {
+	t.Helper()
+	replies = make([]reply, n)
+	errs := make([]error, n)
+	fails := make([]int, n)
+	run := fmt.Sprintf("%x", time.Now().UnixNano())
+	var start, wg sync.WaitGroup
+	start.Add(1)
+	for i := range n {
+		wg.Add(1)
+		body := []byte(req(desc, fmt.Sprintf(`"request_id":"burst-%s-%d"`, run, i)))
+		go func() {
+			defer wg.Done()
+			start.Wait()
+			begin := time.Now()
+			for {
+				m, err := conns[i%len(conns)].Request("rl.v1.decide", body, testTimeout)
+				if err == nil {
+					replies[i], errs[i] = decodeReply(m)
+					if errs[i] != nil || replies[i].Code != "503" {
+						return
+					}
+				} else if !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, nats.ErrNoResponders) {
+					errs[i] = err
+					return
+				}
+				fails[i]++
+				if time.Since(begin) > waitTimeout {
+					errs[i] = fmt.Errorf("no decision after %d attempts in %s (last: %+v, %v)", fails[i], waitTimeout, replies[i], err)
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+	}
+	start.Done()
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("burst request %d: %v", i, err)
+		}
+		if replies[i].Code != "" {
+			t.Fatalf("burst request %d: error reply %+v", i, replies[i])
+		}
+		failed += fails[i]
+	}
+	return replies, failed
+}
+
+// admittedOf counts the admissions among decisions.
+func admittedOf(replies []reply) int {
+	n := 0
+	for _, r := range replies {
+		if r.Allowed {
+			n++
+		}
+	}
+	return n
+}
+
+// requireOwner fails unless the reply r names partition p (its
+// "partition" hint) and node owner serves p now: a test that kills the
+// owner of a key's partition checks with it that it kills the right node.
+func requireOwner(t testing.TB, r reply, p int, owner *mesh.Node) {
+	t.Helper()
+	if r.Partition != p {
+		t.Fatalf("reply %+v names partition %d, want %d", r, r.Partition, p)
+	}
+	if !owner.Owns(p) {
+		t.Fatalf("node %s does not own partition %d", owner.ID(), p)
+	}
 }
 
 // startOwnNode starts a node on nc and leaves stopping it to the test (for

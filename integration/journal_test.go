@@ -133,7 +133,8 @@ func startCrashPair(t *testing.T) crashPair {
 func TestJournalCrashAdoption(t *testing.T) {
 	c := startCrashPair(t)
 	n0, n1, kill, key, p, desc := c.n0, c.n1, c.kill, c.key, c.p, c.desc
-	if r := decide(t, n1.nc, "rl.v1.decide", req(desc, `"cost":15`)); !r.Allowed || whole(r) != 25 {
+	r := decide(t, n1.nc, "rl.v1.decide", req(desc, `"cost":15`))
+	if !r.Allowed || whole(r) != 25 {
 		t.Fatalf("spend through the owner: %+v", r)
 	}
 	_, _, kv := journalStream(t, n0.nc)
@@ -145,6 +146,7 @@ func TestJournalCrashAdoption(t *testing.T) {
 	}
 	epoch := n1.node.Epoch(p)
 
+	requireOwner(t, r, p, n1.node)
 	kill()
 	waitFor(t, "the survivor owns the dead node's partition", func() bool { return n0.node.Owns(p) })
 	if e2 := n0.node.Epoch(p); e2 <= epoch {
@@ -244,9 +246,7 @@ func TestJournalFence(t *testing.T) {
 	if got := storedUnits(t, tn.nc, key); got != 30 {
 		t.Fatalf("record of the fenced key holds %d units, want 30 (nothing committed after the fence)", got)
 	}
-	if v := metricValue(t, tn, `limitmesh_ownership_changes_total{change="lost"}`); v != lostBefore+1 {
-		t.Fatalf("lost changes %v, want %v", v, lostBefore+1)
-	}
+	waitMetric(t, tn, `limitmesh_ownership_changes_total{change="lost"}`, lostBefore+1)
 
 	// The intruder never renews: the node claims the partition back over
 	// the intruder's claim, adopting from its own journal (and the
@@ -257,6 +257,9 @@ func TestJournalFence(t *testing.T) {
 	}
 	if r := decide(t, tn.nc, "rl.v1.decide", req(desc, `"cost":1`)); !r.Allowed || whole(r) != 29 {
 		t.Fatalf("after the reclaim: %+v, want admitted with 29 left (10 of 40 spent before the fence)", r)
+	}
+	if r := decide(t, tn.nc, "rl.v1.decide", req(desc, `"cost":30`)); r.Code != "" || r.Allowed {
+		t.Fatalf("after the reclaim: spending 30 of the 29 left: %+v, want a denial", r)
 	}
 }
 
@@ -468,8 +471,9 @@ func TestJournalStaleFence(t *testing.T) {
 func TestJournalCrashAdoptionLong(t *testing.T) {
 	c := startCrashPair(t)
 	n0, n1, kill, key, p, desc := c.n0, c.n1, c.kill, c.key, c.p, c.desc
+	var r reply
 	for i := range 150 {
-		if r := decide(t, n1.nc, "rl.v1.decide", req(desc, `"cost":"0.2"`)); !r.Allowed {
+		if r = decide(t, n1.nc, "rl.v1.decide", req(desc, `"cost":"0.2"`)); !r.Allowed {
 			t.Fatalf("spend %d through the owner: %+v", i, r)
 		}
 	}
@@ -477,11 +481,15 @@ func TestJournalCrashAdoptionLong(t *testing.T) {
 	if inBucket(t, kv, key) {
 		t.Fatal("the record is in the state bucket already: the test needs it in the journal only")
 	}
+	requireOwner(t, r, p, n1.node)
 	kill()
 	waitFor(t, "the survivor owns the dead node's partition", func() bool { return n0.node.Owns(p) })
-	r := decide(t, n0.nc, "rl.v1.decide", req(desc, `"cost":1`))
+	r = decide(t, n0.nc, "rl.v1.decide", req(desc, `"cost":1`))
 	if r.Code != "" || !r.Allowed || whole(r) != 9 {
 		t.Fatalf("after the crash: %+v, want admitted with 9 left (30 of 40 spent before)", r)
+	}
+	if r := decide(t, n0.nc, "rl.v1.decide", req(desc, `"cost":10`)); r.Code != "" || r.Allowed {
+		t.Fatalf("after the crash: spending 10 of the 9 left: %+v, want a denial", r)
 	}
 }
 
@@ -504,11 +512,13 @@ func TestJournalClaimerKilled(t *testing.T) {
 	tenant := tenantOwnedBy(t, nodes, 1)
 	desc := map[string]string{"tenant": tenant}
 	p := nodes[0].node.PartitionOf(slowKey(tenant))
-	if r := decide(t, nodes[1].nc, "rl.v1.decide", req(desc, `"cost":15`)); !r.Allowed || whole(r) != 25 {
-		t.Fatalf("spend through the owner: %+v", r)
+	first := decide(t, nodes[1].nc, "rl.v1.decide", req(desc, `"cost":15`))
+	if !first.Allowed || whole(first) != 25 {
+		t.Fatalf("spend through the owner: %+v", first)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	// ctx also bounds the wait for a claim below.
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	js, err := jetstream.New(nodes[0].nc)
 	if err != nil {
@@ -524,6 +534,7 @@ func TestJournalClaimerKilled(t *testing.T) {
 	}
 	defer w.Stop()
 
+	requireOwner(t, first, p, nodes[1].node)
 	kills[1]()
 	claimer := -1
 	var claim struct {

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -26,9 +27,10 @@ func TestLivePolicyUpdate(t *testing.T) {
 	if !r.Allowed || r.Revision != rev2 || r.Remaining < 4 || r.Remaining >= 4.01 {
 		t.Fatalf("after lowering burst to 5: %+v, want allowed at rev %d with 4 left", r, rev2)
 	}
-	if got := metricValue(t, tn, `limitmesh_policy_revision{policy="slow"}`); got != float64(rev2) {
-		t.Fatalf("policy revision gauge = %v, want %d", got, rev2)
-	}
+	// The node sets the gauge just after it puts the policy in force.
+	waitFor(t, fmt.Sprintf("the policy revision gauge at %d", rev2), func() bool {
+		return metricValue(t, tn, `limitmesh_policy_revision{policy="slow"}`) == float64(rev2)
+	})
 }
 
 // TestInvalidPolicyRejected: an invalid value (and a mode the node does

@@ -371,11 +371,11 @@ func startNodeRetry(t *testing.T, cfg mesh.NodeConfig, urls ...string) *testNode
 		if err != nil {
 			t.Fatalf("NewNode: %v", err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 		err = node.Start(ctx)
 		cancel()
 		if err != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 			_ = node.Stop(ctx)
 			cancel()
 			nc.Close()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -196,5 +197,124 @@ func TestCheckpointWriteNeedsTheLease(t *testing.T) {
 	}
 	if e, err := kv.Get(ctx, key); err != nil || string(e.Value()) != "lapsed owner" {
 		t.Fatalf("the bucket holds %q (%v) after a write while held", e.Value(), err)
+	}
+}
+
+// lostAck is a Stream whose first append lands but reports an unknown
+// outcome (its acknowledgement lost), whose first Last answers as a
+// replica that has not seen that message yet, and which, with
+// fenceAfter, lets another node's fence land right after the message.
+type lostAck struct {
+	Stream
+	t          *testing.T
+	js         jetstream.JetStream
+	fenceAfter *fence
+	appends    int
+	lasts      int
+	before     uint64
+}
+
+func (s *lostAck) Append(subj string, data []byte, last uint64, timeout time.Duration, done func(uint64, error)) {
+	s.appends++
+	if s.appends > 1 {
+		s.Stream.Append(subj, data, last, timeout, done)
+		return
+	}
+	s.before = last
+	s.Stream.Append(subj, data, last, timeout, func(_ uint64, err error) {
+		if err != nil {
+			s.t.Errorf("the first append: %v", err)
+		}
+		if s.fenceAfter != nil {
+			if _, err := s.js.Publish(context.Background(), subj, appendFence(nil, *s.fenceAfter)); err != nil {
+				s.t.Errorf("the fence: %v", err)
+			}
+		}
+		done(0, errors.New("timeout: the acknowledgement was lost"))
+	})
+}
+
+func (s *lostAck) Last(subj string, timeout time.Duration, done func(uint64, error)) {
+	s.lasts++
+	if s.lasts == 1 {
+		done(s.before, nil)
+		return
+	}
+	s.Stream.Last(subj, timeout, done)
+}
+
+// usageIDs records the usage the journal reports committed.
+type usageIDs struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (u *usageIDs) Add(node, boot string, seq uint64, idx uint32, key string, record []byte, us *keyrec.Usage) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.ids = append(u.ids, fmt.Sprintf("%s.%d.%d", node, seq, idx))
+}
+func (u *usageIDs) Sync(done func(error)) { done(nil) }
+
+// TestUnknownOutcomeKeepsTheMessage (J12, K3): an append whose outcome is
+// unknown is sent again as the same message (same nonce, same records and
+// usage) while it may still land, so the resync that finds it landed
+// commits it: its records are journalled once and its usage keeps the ids
+// a reader of the journal computes. A batch sent again under a new nonce
+// was not recognised once its first attempt landed: appended a second
+// time (its admissions published twice under different ids), or, with a
+// fence of another node right after it, failed as fenced, and its calls,
+// already spent in the journal the new owner adopts, were decided again
+// there.
+func TestUnknownOutcomeKeepsTheMessage(t *testing.T) {
+	for _, fenced := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fenced=%v", fenced), func(t *testing.T) {
+			const p = 4
+			key := keyIn(p, "")
+			j, _, js := testJournal(t)
+			s := &lostAck{Stream: j.cfg.Stream, t: t, js: js}
+			if fenced {
+				s.fenceAfter = &fence{part: p, epoch: 9, node: "other"}
+			}
+			j.cfg.Stream = s
+			sink := &usageIDs{}
+			j.cfg.Usage = sink
+			j.recs.owned[p] = true
+			u := []keyrec.Usage{{Cost: 1}}
+			err := wait(t, func(done func(error)) {
+				j.w.enqueue(&write{key: key, val: versioned("x", 1), usage: u, part: p, gen: j.recs.genOf(p),
+					deadline: time.Now().Add(10 * time.Second), done: func(_ uint64, err error) { done(err) }})
+			})
+			if err != nil {
+				t.Fatalf("the write failed: %v (its batch landed)", err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			str, err := js.Stream(ctx, StreamName("rl"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var batches []uint64
+			info, err := str.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+				m, err := str.GetMsg(ctx, seq)
+				if err != nil {
+					continue
+				}
+				if d, err := decode(m.Data); err == nil && d.fence == nil {
+					batches = append(batches, seq)
+				}
+			}
+			if len(batches) != 1 {
+				t.Fatalf("the batch is in the journal %d times (sequences %v), want once", len(batches), batches)
+			}
+			want := fmt.Sprintf("me.%d.0", batches[0])
+			if fmt.Sprint(sink.ids) != "["+want+"]" {
+				t.Fatalf("usage ids %v, want [%s] (the message's)", sink.ids, want)
+			}
+		})
 	}
 }

@@ -41,6 +41,7 @@ type write struct {
 	kvKnown  bool
 	deadline time.Time
 	done     func(rev uint64, err error)
+	failed   bool // answered with an error (the writer's)
 }
 
 type writer struct {
@@ -51,7 +52,7 @@ type writer struct {
 	busy    bool   // an append (or its resync) is in flight
 	last    uint64 // the last sequence of the subject this node knows of
 	stopped bool
-	buf     []byte
+	buf     []byte // the last message built (a batch ends before the next is built)
 	nonce   uint64 // the next batch's nonce
 }
 
@@ -105,7 +106,7 @@ func (w *writer) kick() {
 			x.done(0, kvstate.ErrConflict)
 		}
 		if len(batch) > 0 {
-			w.attempt(batch, 0, nil)
+			w.attempt(&flight{writes: batch}, 0, nil)
 			return
 		}
 		w.mu.Lock()
@@ -160,73 +161,110 @@ func (w *writer) take() (batch, expired, stale []*write) {
 	return batch, expired, stale
 }
 
-// attempt appends batch (the n'th attempt; lastErr is why the previous one
+// flight is a batch being appended: its writes and the message built
+// from them, with its nonce. After an append with an unknown outcome the
+// message may still land, at the position it expected (the sequence after
+// the one it expected), until another message takes that position; while
+// it may (frozen), every attempt sends the same message, so whichever
+// attempt lands is recognised by the nonce, and what the node commits is
+// what the journal holds (the records and the ids of their usage). Once a
+// resync sees that position taken by another message, no attempt of the
+// batch can land any more: its content may change (writes whose deadline
+// passed or whose partition was fenced away leave it) under a new nonce
+// (invariant J13).
+type flight struct {
+	writes []*write
+	data   []byte
+	nonce  uint64
+	frozen bool
+}
+
+// attempt appends f (the n'th attempt; lastErr is why the previous one
 // failed). A write is answered by its deadline: one whose batch is not
 // known to be committed by then fails (its outcome may be unknown: a
-// strict call then gets a 503, never an admission that was not recorded).
-func (w *writer) attempt(batch []*write, n int, lastErr error) {
+// strict call then gets a 503, never an admission that was not recorded);
+// a frozen message keeps it, since it may land.
+func (w *writer) attempt(f *flight, n int, lastErr error) {
 	now := w.j.now()
-	keep := batch[:0]
-	for _, x := range batch {
+	live := 0
+	var latest time.Time
+	for _, x := range f.writes {
+		if x.failed {
+			continue
+		}
 		if n > 0 && (n == commitRetries || w.j.stopped.Load() || !now.Before(x.deadline)) {
+			x.failed = true
 			x.done(0, fmt.Errorf("%w: journal write: %v", fail.ErrUnavailable, lastErr))
 			continue
 		}
-		keep = append(keep, x)
+		if live == 0 || x.deadline.After(latest) {
+			latest = x.deadline
+		}
+		live++
 	}
-	batch = keep
-	if len(batch) == 0 {
+	if live == 0 {
+		// Nothing waits for the batch. If it was frozen it may still
+		// land: the next batch's append, expecting the same sequence,
+		// then fails and its resync sees it.
 		w.idle()
 		return
 	}
 	deadline := now.Add(w.j.cfg.Timeout)
-	latest := batch[0].deadline
-	for _, x := range batch {
-		latest = later(latest, x.deadline)
-	}
 	if latest.Before(deadline) {
 		deadline = latest
 	}
 	w.mu.Lock()
 	last := w.last
-	var nonce uint64
-	if f := batch[0].fence; f != nil {
-		// No nonce: after an unknown outcome the marker is appended
-		// again, which is harmless.
-		w.buf = appendFence(w.buf[:0], *f)
-	} else {
-		if w.nonce == 0 {
-			w.nonce = rand.Uint64() | 1
-		}
-		nonce = w.nonce
-		w.nonce++
-		items := make([]item, 0, len(batch))
-		for _, x := range batch {
-			if !x.barrier {
-				items = append(items, item{key: x.key, val: x.val, usage: x.usage})
-			}
-		}
-		w.buf = appendBatch(w.buf[:0], nonce, w.j.cfg.Boot, items)
+	if !f.frozen {
+		f.writes = slices.DeleteFunc(f.writes, func(x *write) bool { return x.failed })
+		f.build(w)
 	}
-	data := w.buf
+	data := f.data
 	w.mu.Unlock()
 	w.j.cfg.Stream.Append(w.j.subj, data, last, deadline.Sub(now), func(seq uint64, err error) {
 		// Off the stream's callback goroutine: the answers run the key
 		// owners' next batches and replies.
 		w.j.rt.Go(func() {
 			if err == nil {
-				w.committed(batch, seq)
+				w.committed(f.writes, seq)
 				w.idle()
 				return
 			}
-			w.resync(batch, n, last, nonce, deadline, err)
+			f.frozen = true
+			w.resync(f, n, last, deadline, err)
 		})
 	})
 }
 
-// committed records batch committed at seq and answers its writes. The
-// answers run before the next batch is taken: the writes they start (the
-// calls that queued on these keys) join that batch.
+// build encodes f's writes as a new message with a new nonce (w.mu held).
+func (f *flight) build(w *writer) {
+	if fc := f.writes[0].fence; fc != nil {
+		// No nonce: after an unknown outcome the marker is appended
+		// again, which is harmless.
+		f.nonce, f.data = 0, appendFence(w.buf[:0], *fc)
+		w.buf = f.data
+		return
+	}
+	if w.nonce == 0 {
+		w.nonce = rand.Uint64() | 1
+	}
+	f.nonce = w.nonce
+	w.nonce++
+	items := make([]item, 0, len(f.writes))
+	for _, x := range f.writes {
+		if !x.barrier {
+			items = append(items, item{key: x.key, val: x.val, usage: x.usage})
+		}
+	}
+	f.data = appendBatch(w.buf[:0], f.nonce, w.j.cfg.Boot, items)
+	w.buf = f.data
+}
+
+// committed records batch committed at seq and answers its writes (those
+// not answered already: a frozen message keeps writes that failed their
+// deadline, and their records landed with it). The answers run before the
+// next batch is taken: the writes they start (the calls that queued on
+// these keys) join that batch.
 func (w *writer) committed(batch []*write, seq uint64) {
 	w.mu.Lock()
 	w.last = max(w.last, seq)
@@ -246,20 +284,25 @@ func (w *writer) committed(batch []*write, seq uint64) {
 		}
 	}
 	for _, x := range batch {
-		x.done(tagRev(seq|journalRevBit, x.gen), nil)
+		if !x.failed {
+			x.done(tagRev(seq|journalRevBit, x.gen), nil)
+		}
 	}
 }
 
-// resync reads this node's subject after last, where an append of batch
-// (with nonce) failed with err: if the batch landed it is committed;
-// writes of partitions fenced away from this node fail as fenced (and the
-// node stops serving those partitions at once); the rest is appended
-// again.
-func (w *writer) resync(batch []*write, n int, last, nonce uint64, deadline time.Time, err error) {
+// resync reads this node's subject after last, where an append of f
+// failed with err: if f landed it is committed; otherwise, when another
+// message took the position f expected, f can no longer land: writes of
+// partitions fenced away from this node fail as fenced (and the node stops
+// serving those partitions at once), and the rest is appended again as a
+// new message. While the position is free (or the read fails), f may still
+// land and is appended again as it is.
+func (w *writer) resync(f *flight, n int, last uint64, deadline time.Time, err error) {
 	timeout := min(w.j.cfg.Timeout, w.j.until(later(deadline, w.j.now().Add(50*time.Millisecond))))
+	nonce := f.nonce
 	w.j.cfg.Stream.Last(w.j.subj, timeout, func(end uint64, lerr error) {
 		if lerr != nil {
-			w.attempt(batch, n+1, errors.Join(err, lerr))
+			w.attempt(f, n+1, errors.Join(err, lerr))
 			return
 		}
 		var landed uint64
@@ -270,10 +313,10 @@ func (w *writer) resync(batch []*write, n int, last, nonce uint64, deadline time
 			case derr != nil:
 				w.j.log.Warn("corrupt journal message", "subject", w.j.subj, "seq", seq, "error", derr.Error())
 			case m.fence != nil:
-				f := m.fence
-				if f.node != w.j.cfg.Self && f.part < w.j.cfg.Parts &&
-					(f.epoch > w.j.cfg.View.Epoch(f.part) || !w.j.cfg.View.Serving(f.part)) {
-					lost[f.part] = f.node
+				fc := m.fence
+				if fc.node != w.j.cfg.Self && fc.part < w.j.cfg.Parts &&
+					(fc.epoch > w.j.cfg.View.Epoch(fc.part) || !w.j.cfg.View.Serving(fc.part)) {
+					lost[fc.part] = fc.node
 				}
 			case nonce != 0 && m.nonce == nonce:
 				landed = seq
@@ -282,7 +325,7 @@ func (w *writer) resync(batch []*write, n int, last, nonce uint64, deadline time
 		}
 		finish := func(rerr error) {
 			if rerr != nil {
-				w.attempt(batch, n+1, errors.Join(err, rerr))
+				w.attempt(f, n+1, errors.Join(err, rerr))
 				return
 			}
 			// end < last when the subject's messages expired (the
@@ -299,19 +342,22 @@ func (w *writer) resync(batch []*write, n int, last, nonce uint64, deadline time
 				}
 			}
 			if landed != 0 {
-				w.committed(batch, landed)
+				w.committed(f.writes, landed)
 				w.idle()
 				return
 			}
-			keep := batch[:0]
-			for _, x := range batch {
-				if _, ok := lost[x.part]; ok {
-					x.done(0, fmt.Errorf("%w (journal fenced)", fail.ErrFenced))
-					continue
+			if end > last {
+				// The position f expected holds another message: f did
+				// not land and never will.
+				f.frozen = false
+				for _, x := range f.writes {
+					if _, ok := lost[x.part]; ok && !x.failed {
+						x.failed = true
+						x.done(0, fmt.Errorf("%w (journal fenced)", fail.ErrFenced))
+					}
 				}
-				keep = append(keep, x)
 			}
-			w.attempt(keep, n+1, err)
+			w.attempt(f, n+1, err)
 		}
 		if end <= last {
 			finish(nil)

@@ -76,10 +76,12 @@ import (
 // Overshoot. For every key bench adds up the cost admitted and notes the
 // send time of the first admitted request and the receive time of the last
 // one, both as time since one base instant taken before the first slice
-// (bench's monotonic clock), so a key's span is right when it crosses
-// slices. The node decides each of them at an instant of its own clock
-// between that send and that receive, so on a clock that runs at the
-// bench's rate (the same machine; across machines, up to the clocks' rate
+// on the wall clock (nodes decide on theirs; a monotonic span differs from
+// a wall-clock one while the wall clock is slewed), so a key's span is
+// right when it crosses slices. The node decides each of them at an
+// instant of its own clock between that send and that receive, so on a
+// clock that runs at the bench's rate (the same machine; across machines,
+// up to the clocks' rate
 // difference) the node's interval [t1, t2] lies inside the bench's, and the
 // contract admitted(t1, t2) <= burst + rate*(t2-t1) (CONTRACT.md §3; the
 // key is fresh, so it starts full; echo requests never reach the node)
@@ -780,7 +782,9 @@ func (r *benchRun) work(w *worker, subject string, stop *atomic.Bool, tally []ke
 			}
 			if allowed {
 				w.admitted++
-				tally[k].add(r.plan.cost, int64(t0.Sub(base)), int64(t1.Sub(base)))
+				// Wall-clock spans, as nodes decide on the wall clock (a
+				// monotonic span differs when the wall clock is slewed).
+				tally[k].add(r.plan.cost, t0.UnixNano()-base.UnixNano(), t1.UnixNano()-base.UnixNano())
 			} else {
 				w.denied++
 			}

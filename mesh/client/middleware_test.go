@@ -35,7 +35,9 @@ func newMiddlewareFixture(t *testing.T, opts ...Option) *middlewareFixture {
 		return reply(d["allowed"] != "0", d["policy"], 1, remaining, retry, reset)
 	})
 	f := &middlewareFixture{}
-	c := newClient(t, nc, opts...)
+	// A generous timeout: the responder answers every request, so a 503
+	// here would only say the machine was busy.
+	c := newClient(t, nc, append([]Option{Timeout(30 * time.Second)}, opts...)...)
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.served++
 		w.WriteHeader(http.StatusOK)

@@ -2,9 +2,11 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/limitmesh/limitmesh/mesh"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -43,5 +45,9 @@ func TestMetricsNoDescriptorValues(t *testing.T) {
 		if len(metric(t, tn, name)) == 0 {
 			t.Errorf("metric %s missing", name)
 		}
+	}
+	info := fmt.Sprintf(`limitmesh_node_info{node=%q,version=%q}`, tn.node.ID(), mesh.Version)
+	if v := metricValue(t, tn, info); v != 1 {
+		t.Errorf("%s = %v, want 1", info, v)
 	}
 }

@@ -8,7 +8,18 @@ type ownershipMetrics struct {
 	changes *prometheus.CounterVec // change: claimed, released, lost
 }
 
-func newOwnershipMetrics(reg prometheus.Registerer) (*ownershipMetrics, error) {
+// newOwnershipMetrics registers the ownership metrics of node id, and
+// limitmesh_node_info, which names the node (one series per process).
+func newOwnershipMetrics(reg prometheus.Registerer, id string) (*ownershipMetrics, error) {
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "limitmesh_node_info",
+		Help:        "Always 1; its labels name this node (its id, as in the shards bucket) and its version.",
+		ConstLabels: prometheus.Labels{"node": id, "version": Version},
+	})
+	info.Set(1)
+	if err := reg.Register(info); err != nil {
+		return nil, err
+	}
 	m := &ownershipMetrics{
 		owned: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "limitmesh_owned_partitions",

@@ -454,7 +454,7 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
 	}
-	om, err := newOwnershipMetrics(n.reg)
+	om, err := newOwnershipMetrics(n.reg, n.cfg.NodeID)
 	if err != nil {
 		return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
 	}

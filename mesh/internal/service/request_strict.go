@@ -103,7 +103,7 @@ func decodeTree(root jsonValue) (request, error) {
 	if root.kind != jsonObject {
 		return r, badRequest("body", "is "+root.kind.String()+", not a JSON object")
 	}
-	for i, m := range root.members {
+	for _, m := range root.members {
 		if err := checkMemberName(m.name, ""); err != nil {
 			return r, err
 		}
@@ -115,11 +115,9 @@ func decodeTree(root jsonValue) (request, error) {
 				return r, badRequest(label(m.name.str), "field names are case-sensitive (write "+strconv.Quote(f)+")")
 			}
 		}
-		for _, prev := range root.members[:i] {
-			if prev.name.str == m.name.str {
-				return r, badRequest(fieldPath(m.name.str), "duplicate field")
-			}
-		}
+	}
+	if name, ok := repeatedName(root.members); ok {
+		return r, badRequest(fieldPath(name), "duplicate field")
 	}
 	r.cost = kvstate.Unit
 	seenDesc := false
@@ -182,10 +180,22 @@ func decodeTree(root jsonValue) (request, error) {
 	return r, nil
 }
 
-// decodeDescriptor decodes the descriptor object v (not null).
+// decodeDescriptor decodes the descriptor object v (not null). As in
+// decodeTree, names and duplicates come before values.
 func decodeDescriptor(v jsonValue) (policies.Descriptor, error) {
 	if v.kind != jsonObject {
 		return nil, badRequest(fieldDescriptor, "is "+v.kind.String()+", not an object")
+	}
+	for _, m := range v.members {
+		if m.name.escaped {
+			return nil, badRequest(fieldDescriptor, "dimension name "+label(m.name.str)+" is written with escapes")
+		}
+		if !validDimName(m.name.str) {
+			return nil, badRequest(fieldDescriptor, "dimension name "+label(m.name.str)+" is not [a-z][a-z0-9_]{0,31}")
+		}
+	}
+	if name, ok := repeatedName(v.members); ok {
+		return nil, badRequest(fieldDescriptor+"."+name, "duplicate dimension")
 	}
 	switch n := len(v.members); {
 	case n == 0:
@@ -194,27 +204,15 @@ func decodeDescriptor(v jsonValue) (policies.Descriptor, error) {
 		return nil, badRequest(fieldDescriptor, "has "+strconv.Itoa(n)+" dimensions (at most 16)")
 	}
 	dims := make([]policies.Dim, 0, len(v.members))
-	for i, m := range v.members {
-		name := m.name.str
-		if m.name.escaped {
-			return nil, badRequest(fieldDescriptor, "dimension name "+label(name)+" is written with escapes")
-		}
-		if !validDimName(name) {
-			return nil, badRequest(fieldDescriptor, "dimension name "+label(name)+" is not [a-z][a-z0-9_]{0,31}")
-		}
-		path := fieldDescriptor + "." + name
-		for _, prev := range v.members[:i] {
-			if prev.name.str == name {
-				return nil, badRequest(path, "duplicate dimension")
-			}
-		}
+	for _, m := range v.members {
+		path := fieldDescriptor + "." + m.name.str
 		if m.value.kind != jsonString {
 			return nil, badRequest(path, "value is "+m.value.kind.String()+", not a string")
 		}
 		if m.value.badUTF8 {
 			return nil, badRequest(path, "value is not valid UTF-8")
 		}
-		dims = append(dims, policies.Dim{Name: name, Value: m.value.str})
+		dims = append(dims, policies.Dim{Name: m.name.str, Value: m.value.str})
 	}
 	d, err := policies.NewDescriptor(dims) // the value rules; names "descriptor.<name>"
 	if err != nil {
@@ -253,21 +251,44 @@ func checkUnknown(v jsonValue, path string) error {
 			}
 		}
 	case jsonObject:
-		for i, m := range v.members {
+		for _, m := range v.members {
 			if err := checkMemberName(m.name, path); err != nil {
 				return err
 			}
-			for _, prev := range v.members[:i] {
-				if prev.name.str == m.name.str {
-					return badRequest(path, "has an object with two members named "+label(m.name.str))
-				}
-			}
+		}
+		if name, ok := repeatedName(v.members); ok {
+			return badRequest(path, "has an object with two members named "+label(name))
+		}
+		for _, m := range v.members {
 			if err := checkUnknown(m.value, path); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// repeatedName returns the first name in members that an earlier member
+// has, and whether there is one.
+func repeatedName(members []jsonMember) (string, bool) {
+	if len(members) <= 16 {
+		for i := range members {
+			for _, prev := range members[:i] {
+				if prev.name.str == members[i].name.str {
+					return members[i].name.str, true
+				}
+			}
+		}
+		return "", false
+	}
+	seen := make(map[string]bool, len(members)) // the quadratic scan is slow for hundreds of members
+	for _, m := range members {
+		if seen[m.name.str] {
+			return m.name.str, true
+		}
+		seen[m.name.str] = true
+	}
+	return "", false
 }
 
 // checkMemberName checks that a member name is valid UTF-8 without control

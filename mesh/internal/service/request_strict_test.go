@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -13,6 +15,7 @@ import (
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/policies"
+	"pgregory.net/rapid"
 )
 
 // strictCase is a decide body and what decodeRequest makes of it: the
@@ -93,6 +96,8 @@ var strictCases = []strictCase{
 	{name: "duplicate null request_id", body: `{"descriptor":{"t":"a"},"request_id":null,"request_id":"r"}`, err: `request_id: duplicate field`},
 	{name: "duplicate dry_run", body: `{"descriptor":{"t":"a"},"dry_run":false,"dry_run":true}`, err: `dry_run: duplicate field`},
 	{name: "duplicate unknown field", body: `{"descriptor":{"t":"a"},"x":1,"x":2}`, err: `"x": duplicate field`},
+	{name: "duplicate among many fields", body: `{"descriptor":{"t":"a"},` + dims(20) + `,"d07":1}`, err: `"d07": duplicate field`},
+	{name: "many fields", body: `{"descriptor":{"t":"a"},` + dims(20) + `}`, want: `t="a" cost=1000000`},
 	{name: "duplicate by escape", body: `{"descriptor":{"t":"a"},"x":1,"\u0078":2}`, err: `"x": duplicate field`},
 	{name: "field name in capitals", body: `{"descriptor":{"t":"a"},"Cost":2}`, err: `"Cost": field names are case-sensitive (write "cost")`},
 	{name: "field name by Unicode folding", body: `{"descriptor":{"t":"a"},"co\u017ft":2}`, err: `"co\u017ft": field names are case-sensitive (write "cost")`},
@@ -108,6 +113,7 @@ var strictCases = []strictCase{
 
 	// Unknown fields.
 	{name: "unknown object with a duplicate", body: `{"descriptor":{"t":"a"},"meta":{"a":1,"a":2}}`, err: `"meta": has an object with two members named "a"`},
+	{name: "unknown object with a duplicate among many", body: `{"descriptor":{"t":"a"},"meta":{` + dims(20) + `,"d19":2}}`, err: `"meta": has an object with two members named "d19"`},
 	{name: "unknown string of invalid UTF-8", body: "{\"descriptor\":{\"t\":\"a\"},\"meta\":[\"\xff\"]}", err: `"meta": has a string that is not valid UTF-8`},
 	{name: "unknown string with a lone surrogate", body: `{"descriptor":{"t":"a"},"meta":"\udfff"}`, err: `"meta": has a string that is not valid UTF-8`},
 	{name: "unknown member name with a lone surrogate", body: `{"descriptor":{"t":"a"},"meta":{"\ud800":1}}`, err: `"meta": has a member name that is not valid UTF-8`},
@@ -122,7 +128,9 @@ var strictCases = []strictCase{
 	{name: "descriptor string", body: `{"descriptor":"tenant=a"}`, err: `descriptor: is a string, not an object`},
 	{name: "no dimensions", body: `{"descriptor":{}}`, err: `descriptor: has no dimensions (needs 1..16)`},
 	{name: "17 dimensions", body: `{"descriptor":{` + dims(17) + `}}`, err: `descriptor: has 17 dimensions (at most 16)`},
+	{name: "17 dimensions, one repeated", body: `{"descriptor":{` + dims(16) + `,"d03":"w"}}`, err: `descriptor.d03: duplicate dimension`},
 	{name: "duplicate dimension", body: `{"descriptor":{"tenant":"x","tenant":"y"}}`, err: `descriptor.tenant: duplicate dimension`},
+	{name: "duplicate dimension, first not a string", body: `{"descriptor":{"tenant":null,"tenant":"a"}}`, err: `descriptor.tenant: duplicate dimension`},
 	{name: "duplicate dimension, same value", body: `{"descriptor":{"tenant":"x","plan":"p","tenant":"x"}}`, err: `descriptor.tenant: duplicate dimension`},
 	{name: "dimension name in capitals", body: `{"descriptor":{"Tenant":"a"}}`, err: `descriptor: dimension name "Tenant" is not [a-z][a-z0-9_]{0,31}`},
 	{name: "dimension name with escapes", body: `{"descriptor":{"t\u0065nant":"a"}}`, err: `descriptor: dimension name "tenant" is written with escapes`},
@@ -566,4 +574,205 @@ func BenchmarkDecodeRequestSlowShapes(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestDecodeRequestGenerated builds decide bodies from parts that lean
+// towards the ambiguous cases (names in other cases or with escapes,
+// repeated names, lone surrogates, invalid bytes, control characters,
+// odd numbers, deep unknown fields) and checks what
+// FuzzDecodeRequestDifferential checks, so every `go test` run covers
+// them.
+func TestDecodeRequestGenerated(t *testing.T) {
+	var accepted, refused int
+	rapid.Check(t, func(t *rapid.T) {
+		b := genBody(t)
+		r, err := decodeRequest(b)
+		want, werr := decodeRequestStrict(b)
+		switch {
+		case (err == nil) != (werr == nil) || err != nil && err.Error() != werr.Error() || err == nil && !sameRequest(r, want):
+			t.Fatalf("%q: decodeRequest %s, %v; reference %s, %v", b, showRequest(r), err, showRequest(want), werr)
+		case err != nil:
+			refused++
+			if merr := checkMessage(b, err); merr != nil {
+				t.Fatal(merr)
+			}
+		default:
+			accepted++
+		}
+		if fast, ok := decodeRequestFast(b); ok && (werr != nil || !sameRequest(fast, want)) {
+			t.Fatalf("%q: fast path %s, reference %s, %v", b, showRequest(fast), showRequest(want), werr)
+		}
+		if serr := checkAgainstStdlib(b); serr != nil {
+			t.Fatal(serr)
+		}
+	})
+	t.Logf("%d accepted, %d refused", accepted, refused)
+	if accepted == 0 || refused == 0 {
+		t.Errorf("generated %d accepted and %d refused bodies: the generator is lopsided", accepted, refused)
+	}
+}
+
+// pick draws one of good, or, unless clean, one of good and bad.
+func pick(t *rapid.T, clean bool, good, bad []string, label string) string {
+	if clean {
+		return rapid.SampledFrom(good).Draw(t, label)
+	}
+	return rapid.SampledFrom(append(append([]string(nil), good...), bad...)).Draw(t, label)
+}
+
+// genBody draws a decide body: a clean one (valid but for rare parts), or
+// one from any parts.
+func genBody(t *rapid.T) []byte {
+	clean := rapid.Bool().Draw(t, "clean")
+	var b []byte
+	ws := func() {
+		b = append(b, rapid.SampledFrom([]string{"", "", "", " ", "\n\t", "\r\n  "}).Draw(t, "ws")...)
+	}
+	ws()
+	b = append(b, '{')
+	names := []string{`"descriptor"`, `"cost"`, `"request_id"`, `"dry_run"`, `"x"`, `"meta"`}
+	if clean {
+		names = rapid.Permutation(names).Draw(t, "order")[:rapid.IntRange(1, len(names)).Draw(t, "fields")]
+		if !slices.Contains(names, `"descriptor"`) {
+			names = append(names, `"descriptor"`)
+		}
+	} else {
+		names = rapid.SliceOfN(rapid.SampledFrom(append(names, `"descriptor"`, `"descriptor"`, `"cost"`,
+			`"Descriptor"`, `"COST"`, `"co\u017ft"`, `"\u0063ost"`, `"dry_run\u0000"`, `"\ud800"`, "\"\xff\"")), 0, 5).Draw(t, "names")
+	}
+	for i, name := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		ws()
+		b = append(b, name...)
+		ws()
+		b = append(b, ':')
+		ws()
+		switch name {
+		case `"descriptor"`, `"Descriptor"`:
+			b = genDescriptor(t, b, clean)
+		case `"cost"`, `"COST"`, `"co\u017ft"`, `"\u0063ost"`:
+			b = append(b, pick(t, clean, []string{`1`, `3`, `0.5`, `"2.25"`, `1000000000`, `0.000001`, `"\u0031"`, `null`},
+				[]string{`1000000001`, `0.0000001`, `-1`, `-0`, `0`, `1.0e0`, `1E999999999`, `01`, `1.`, `"01"`, `""`, `" 1"`, "\"1\xff\"", `true`, `[1]`}, "cost")...)
+		case `"request_id"`:
+			switch pick(t, clean, []string{"null", "string", "string", "string"}, []string{"7"}, "request_id kind") {
+			case "string":
+				b = append(b, genString(t, "request_id")...)
+			case "null":
+				b = append(b, "null"...)
+			default:
+				b = append(b, "7"...)
+			}
+		case `"dry_run"`, `"dry_run\u0000"`:
+			b = append(b, pick(t, clean, []string{`true`, `false`, `null`}, []string{`"true"`, `1`, `TRUE`}, "dry_run")...)
+		default:
+			depth := rapid.IntRange(1, 6).Draw(t, "depth")
+			if !clean {
+				depth = rapid.IntRange(1, MaxRequestDepth+2).Draw(t, "depth")
+			}
+			b = genAny(t, b, depth, clean)
+		}
+		ws()
+	}
+	b = append(b, '}')
+	ws()
+	if rapid.IntRange(0, 20).Draw(t, "suffix") == 0 {
+		b = append(b, rapid.SampledFrom([]string{"x", "{}", "\xef\xbb\xbf"}).Draw(t, "extra")...)
+	}
+	return b
+}
+
+// genDescriptor appends a descriptor object (or something else) to b.
+func genDescriptor(t *rapid.T, b []byte, clean bool) []byte {
+	if !clean && rapid.IntRange(0, 10).Draw(t, "descriptor kind") == 0 {
+		return append(b, rapid.SampledFrom([]string{`null`, `[]`, `"tenant=a"`, `{}`}).Draw(t, "not an object")...)
+	}
+	b = append(b, '{')
+	n := rapid.IntRange(1, 16).Draw(t, "dims")
+	if !clean {
+		n = rapid.IntRange(1, 17).Draw(t, "dims")
+	}
+	good := []string{`"tenant"`, `"plan"`, `"op"`, `"` + strings.Repeat("n", 32) + `"`}
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		d := `"d` + strconv.Itoa(i) + `"`
+		if clean || rapid.Bool().Draw(t, "numbered") {
+			b = append(b, d...)
+		} else {
+			b = append(b, pick(t, false, good, []string{`"Tenant"`, `"t\u0065nant"`, `""`, `"1a"`, `"` + strings.Repeat("n", 33) + `"`}, "dim name")...)
+		}
+		b = append(b, ':')
+		if !clean && rapid.IntRange(0, 15).Draw(t, "value kind") == 0 {
+			b = append(b, rapid.SampledFrom([]string{`1`, `null`, `{}`, `true`}).Draw(t, "not a string")...)
+			continue
+		}
+		b = append(b, genString(t, "value")...)
+	}
+	return append(b, '}')
+}
+
+// genString draws a JSON string of printable text, escapes, non-ASCII
+// runes and, rarely, something invalid.
+func genString(t *rapid.T, label string) []byte {
+	parts := rapid.SliceOfN(rapid.SampledFrom([]string{
+		"a", "b", "acme", " ", "v7", "é", "😀", "\u2028", "\ufffd",
+		`\n`, `\"`, `\\`, `\/`, `\u0041`, `\u00e9`, `\ud83d\ude00`, `\u0000`,
+		`\ud800`, `\udc00`, "\u0085", "\x7f", "\xff", "\xc0\xaf", "\xed\xa0\x80",
+		strings.Repeat("x", 60),
+	}), 1, 5).Draw(t, label)
+	s := []byte{'"'}
+	for i, p := range parts {
+		invalid := p[0] >= 0x80 && !utf8.ValidString(p) || p == `\ud800` || p == `\udc00` || p == "\x7f" || p == "\u0085" || p == `\n` || p == `\u0000`
+		if invalid && rapid.IntRange(0, 9).Draw(t, label+" keep "+strconv.Itoa(i)) != 0 {
+			p = "z"
+		}
+		s = append(s, p...)
+	}
+	return append(s, '"')
+}
+
+// genAny appends an unknown field's value of at most depth levels.
+func genAny(t *rapid.T, b []byte, depth int, clean bool) []byte {
+	kind := rapid.IntRange(0, 6).Draw(t, "any kind")
+	if depth <= 1 && kind >= 5 {
+		kind = 0
+	}
+	switch kind {
+	case 0:
+		return append(b, rapid.SampledFrom([]string{`null`, `true`, `0`, `-1.5e+300`, `1e999999999`, `"x"`}).Draw(t, "scalar")...)
+	case 1, 2:
+		return append(b, genString(t, "any string")...)
+	case 3, 4:
+		b = append(b, '[')
+		for i := range rapid.IntRange(0, 2).Draw(t, "elems") {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = genAny(t, b, depth-1, clean)
+		}
+		return append(b, ']')
+	}
+	b = append(b, '{')
+	names := []string{`"a"`, `"b"`, `"cost"`, `"Cost"`, `"\u0063ost"`}
+	if !clean {
+		names = append(names, `"\u0061"`, `"a\u0000"`, `"\udfff"`)
+	}
+	n := rapid.IntRange(0, 2).Draw(t, "members")
+	if clean {
+		names = rapid.Permutation(names).Draw(t, "member names")[:n]
+	} else {
+		names = rapid.SliceOfN(rapid.SampledFrom(names), n, n).Draw(t, "member names")
+	}
+	for i, name := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, name...)
+		b = append(b, ':')
+		b = genAny(t, b, depth-1, clean)
+	}
+	return append(b, '}')
 }

@@ -43,7 +43,8 @@ import (
 //     folding ("Cost", "DRY_RUN", "coſt") is refused, since
 //     encoding/json and others match names case-insensitively; and
 //     one that spells one of them with escapes ("\u0063ost") is refused,
-//     since parsers that compare raw names (simdjson) miss it.
+//     since parsers that compare names without unescaping them (some
+//     fast ones do) miss it.
 //   - Dimension names are written without escapes, for the same reason;
 //     a duplicate dimension is refused by the rule on duplicate names.
 //
@@ -54,6 +55,13 @@ import (
 // (policies.ParseCost): -0, 01, 1.0e0 and 1e999999999 are refused before
 // any arithmetic. Numbers in unknown fields are not evaluated: any RFC
 // 8259 number is accepted there.
+//
+// The first failed check is the error, in this order: the body's size
+// (decodeRequest), the JSON syntax and depth, the body's member names
+// (format, case and escapes, then repeats), then the fields in body
+// order; within the descriptor: its dimension names, repeats, count,
+// then values. So an ambiguous body is refused as ambiguous, not for a
+// value that one reading of it has.
 //
 // Error messages name the offending field once: `cost: "-1" must be > 0`,
 // `descriptor.tenant: duplicate dimension`, `"Cost": field names are

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/limitmesh/limitmesh/kvstate"
@@ -295,19 +297,19 @@ func TestStrictCasesExplainStdlib(t *testing.T) {
 }
 
 // strictOnly lists what the strict decoder refuses beyond encoding/json:
-// error messages with these texts may reject a body that encoding/json
-// takes.
-var strictOnly = []string{
-	"not valid UTF-8",       // encoding/json writes U+FFFD instead
-	": duplicate field",     // it keeps the last (and merges objects)
-	": duplicate dimension", // it keeps the last
-	"has an object with two members named",
-	": field names are case-sensitive", // it matches names ignoring case
-	": field name is written with escapes",
-	"is written with escapes",
-	": field name has a control character", // it ignores unknown names
-	": has a member name that has a control character",
-	": nested deeper than", // its limit is 10000
+// a body that encoding/json takes may be refused with a message holding
+// one of these texts, when ambiguities (found by encoding/json's own
+// tokenizer, see findAmbiguities) show the message's fault.
+var strictOnly = []struct{ text, evidence string }{
+	{"not valid UTF-8", "utf8"}, // encoding/json writes U+FFFD instead
+	{": duplicate field", "duplicate"},
+	{": duplicate dimension", "duplicate"}, // it keeps the last (and merges objects)
+	{": has an object with two members named", "duplicate"},
+	{": field names are case-sensitive", "case"}, // it matches names ignoring case
+	{"is written with escapes", "escape"},
+	{": field name has a control character", "control"}, // it ignores unknown names
+	{": has a member name that has a control character", "control"},
+	{": nested deeper than", "depth"}, // its limit is 10000
 }
 
 // checkAgainstStdlib compares decodeRequestStrict with decodeRequestStdlib
@@ -322,8 +324,12 @@ func checkAgainstStdlib(b []byte) error {
 		return fmt.Errorf("%q: strict %s, encoding/json %s", b, showRequest(strict), showRequest(std))
 	case serr != nil && jerr == nil:
 		msg := message(serr)
+		found := findAmbiguities(b)
 		for _, s := range strictOnly {
-			if strings.Contains(msg, s) {
+			if strings.Contains(msg, s.text) {
+				if !found[s.evidence] {
+					return fmt.Errorf("%q: strict refuses (%s), but encoding/json's tokens show no %s problem", b, msg, s.evidence)
+				}
 				return nil
 			}
 		}
@@ -331,6 +337,72 @@ func checkAgainstStdlib(b []byte) error {
 	}
 	return nil
 }
+
+// findAmbiguities reads b, which encoding/json accepts, with encoding/json's
+// tokenizer and the raw bytes, independently of parseJSON, and reports
+// which ambiguities b has: "utf8" (invalid UTF-8 or a surrogate escape),
+// "duplicate" (an object repeats a name), "case" (a member of the body's
+// object whose name folds to a field name but differs from it), "escape"
+// (a backslash in a member name), "control" (a control character in a
+// member name), "depth" (nesting beyond MaxRequestDepth).
+func findAmbiguities(b []byte) map[string]bool {
+	found := map[string]bool{}
+	if !utf8.Valid(b) || surrogateEscape.Match(b) {
+		found["utf8"] = true
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var walk func(depth int) bool
+	walk = func(depth int) bool {
+		tok, err := d.Token()
+		if err != nil {
+			return false
+		}
+		delim, ok := tok.(json.Delim)
+		if !ok {
+			return true
+		}
+		if depth > MaxRequestDepth {
+			found["depth"] = true
+		}
+		names := map[string]bool{}
+		for d.More() {
+			if delim == '{' {
+				keyStart := d.InputOffset()
+				tok, err := d.Token()
+				if err != nil {
+					return false
+				}
+				name := tok.(string)
+				if names[name] {
+					found["duplicate"] = true
+				}
+				names[name] = true
+				if bytes.IndexByte(b[keyStart:d.InputOffset()], '\\') >= 0 {
+					found["escape"] = true
+				}
+				if strings.IndexFunc(name, unicode.IsControl) >= 0 {
+					found["control"] = true
+				}
+				for _, f := range requestFields {
+					if depth == 1 && name != f && strings.EqualFold(name, f) {
+						found["case"] = true
+					}
+				}
+			}
+			if !walk(depth + 1) {
+				return false
+			}
+		}
+		_, err = d.Token() // the closing delimiter
+		return err == nil
+	}
+	walk(1)
+	return found
+}
+
+// surrogateEscape matches a \u escape of a UTF-16 surrogate.
+var surrogateEscape = regexp.MustCompile(`\\u[dD][89abcdefABCDEF]`)
 
 // checkMessage checks a rejection as a client sees it: a 400 (or a 413
 // over the size limit) whose message names the field once and is safe in
@@ -430,6 +502,9 @@ func FuzzParseJSON(f *testing.F) {
 		}
 		mine, ok := plainValue(v)
 		if !ok {
+			if hasBadUTF8(v) && utf8.Valid(b) && !surrogateEscape.Match(b) {
+				t.Fatalf("%q: parseJSON finds a string not valid UTF-8, but the text is valid UTF-8 without surrogate escapes", b)
+			}
 			return
 		}
 		d := json.NewDecoder(bytes.NewReader(b))
@@ -481,6 +556,25 @@ func plainValue(v jsonValue) (any, bool) {
 		out[m.name.str] = x
 	}
 	return out, true
+}
+
+// hasBadUTF8 reports whether a string in v, member names included, is
+// marked not valid UTF-8.
+func hasBadUTF8(v jsonValue) bool {
+	if v.badUTF8 {
+		return true
+	}
+	for _, e := range v.elems {
+		if hasBadUTF8(e) {
+			return true
+		}
+	}
+	for _, m := range v.members {
+		if hasBadUTF8(m.name) || hasBadUTF8(m.value) {
+			return true
+		}
+	}
+	return false
 }
 
 // decodeRequestStdlib is the encoding/json decoder limitmesh used before

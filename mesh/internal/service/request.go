@@ -1,10 +1,8 @@
 package service
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strconv"
 
 	"github.com/limitmesh/limitmesh/kvstate"
@@ -28,90 +26,30 @@ type request struct {
 	dryRun bool
 }
 
-// wireRequest is the JSON shape of a decide request; unknown fields are
-// ignored.
-type wireRequest struct {
-	Descriptor map[string]string `json:"descriptor"`
-	Cost       json.RawMessage   `json:"cost"`
-	RequestID  *string           `json:"request_id"`
-	DryRun     *bool             `json:"dry_run"`
-}
-
-// decodeRequest validates and decodes a decide request body. Errors wrap
-// fail.ErrTooLarge (over MaxRequestBytes) or fail.ErrBadRequest, with a message fit
-// for the client. It never panics.
+// decodeRequest validates and decodes a decide request body by the rules
+// of request_strict.go (CONTRACT.md §2, and refusing what parsers could
+// read differently). Errors wrap fail.ErrTooLarge (over MaxRequestBytes)
+// or fail.ErrBadRequest, with a message fit for the client that names the
+// offending field once. It never panics.
 func decodeRequest(b []byte) (request, error) {
-	var r request
 	if len(b) > MaxRequestBytes {
-		return r, fmt.Errorf("%w: body is %d bytes, at most %d", fail.ErrTooLarge, len(b), MaxRequestBytes)
+		return request{}, fmt.Errorf("%w: body is %d bytes, at most %d", fail.ErrTooLarge, len(b), MaxRequestBytes)
 	}
 	if r, ok := decodeRequestFast(b); ok {
 		return r, nil
 	}
-	return decodeRequestJSON(b)
-}
-
-// decodeRequestJSON is decodeRequest with encoding/json (size checked).
-func decodeRequestJSON(b []byte) (request, error) {
-	var r request
-	var w wireRequest
-	if err := json.Unmarshal(b, &w); err != nil {
-		return r, fmt.Errorf("%w: malformed JSON: %v", fail.ErrBadRequest, err)
-	}
-	if w.Descriptor == nil {
-		return r, fmt.Errorf("%w: descriptor: required", fail.ErrBadRequest)
-	}
-	dims := make([]policies.Dim, 0, len(w.Descriptor))
-	for k, v := range w.Descriptor {
-		dims = append(dims, policies.Dim{Name: k, Value: v})
-	}
-	sort.Slice(dims, func(i, j int) bool { return dims[i].Name < dims[j].Name })
-	d, err := policies.NewDescriptor(dims)
-	if err != nil {
-		return r, fmt.Errorf("%w: %v", fail.ErrBadRequest, err)
-	}
-	r.desc = d
-	r.cost = kvstate.Unit
-	if c := bytes.TrimSpace(w.Cost); len(c) > 0 && !bytes.Equal(c, []byte("null")) {
-		text := string(c)
-		if c[0] == '"' {
-			var s string
-			if err := json.Unmarshal(c, &s); err != nil {
-				return r, fmt.Errorf("%w: cost: %v", fail.ErrBadRequest, err)
-			}
-			text = s
-		} else if c[0] < '0' || c[0] > '9' {
-			if c[0] != '-' {
-				return r, fmt.Errorf("%w: cost: must be a number or a decimal string", fail.ErrBadRequest)
-			}
-		}
-		cost, err := policies.ParseCost(text)
-		if err != nil {
-			return r, fmt.Errorf("%w: cost: %v", fail.ErrBadRequest, err)
-		}
-		r.cost = cost
-	}
-	if w.RequestID != nil {
-		if len(*w.RequestID) > MaxRequestIDBytes {
-			return r, fmt.Errorf("%w: request_id: %d bytes, at most %d", fail.ErrBadRequest, len(*w.RequestID), MaxRequestIDBytes)
-		}
-		r.id = *w.RequestID
-	}
-	if w.DryRun != nil {
-		r.dryRun = *w.DryRun
-	}
-	return r, nil
+	return decodeRequestStrict(b)
 }
 
 // decodeRequestFast decodes the common shape of a valid decide request
-// without encoding/json: exactly the lower-case field names, each at most
-// once, strings without escapes, control characters or non-ASCII bytes,
-// a cost that is a plain decimal number or string, no unknown fields. It
-// reports false for anything else (including every invalid request), and
-// decodeRequest then takes the encoding/json path, which gives the same
-// result for the inputs this one accepts (FuzzDecodeRequestFast) and the
-// error messages for the rest. All strings of the result share one
-// allocation (a copy of b).
+// without building a tree: exactly the lower-case field names, each at
+// most once, strings without escapes, control characters or non-ASCII
+// bytes, a cost that is a plain decimal number or string, no unknown
+// fields. It reports false for anything else (including every invalid
+// request), and decodeRequest then takes decodeRequestStrict, which gives
+// the same request for every input this one accepts
+// (FuzzDecodeRequestDifferential) and the error messages for the rest.
+// All strings of the result share one allocation (a copy of b).
 func decodeRequestFast(b []byte) (request, bool) {
 	var r request
 	d := fastDecoder{s: string(b)}
@@ -152,7 +90,7 @@ func decodeRequestFast(b []byte) (request, bool) {
 				}
 				for i := range ndims {
 					if dims[i].Name == name {
-						return r, false // the map keeps the last: leave it to encoding/json
+						return r, false // a duplicate dimension: an error
 					}
 				}
 				dims[ndims] = policies.Dim{Name: name, Value: value}

@@ -135,6 +135,13 @@ func TestErrors(t *testing.T) {
 		{"long request_id", `{"descriptor":{"tenant":"a"},"request_id":"` + strings.Repeat("i", 129) + `"}`, "400", "bad_request"},
 		{"missing key dimension", `{"descriptor":{"app":"x"}}`, "400", "bad_request"},
 		{"over 4 KiB", `{"descriptor":{"tenant":"a"},"pad":"` + strings.Repeat("p", 4096) + `"}`, "413", "too_large"},
+		// Bodies that parsers could read differently.
+		{"invalid UTF-8", "{\"descriptor\":{\"tenant\":\"\xff\xfe\"}}", "400", "bad_request"},
+		{"duplicate dimension", `{"descriptor":{"tenant":"x","tenant":"y"}}`, "400", "bad_request"},
+		{"duplicate field", `{"descriptor":{"tenant":"a"},"cost":1,"cost":2}`, "400", "bad_request"},
+		{"case-variant field", `{"descriptor":{"tenant":"a"},"Cost":2}`, "400", "bad_request"},
+		{"escaped field name", `{"descriptor":{"tenant":"a"},"\u0063ost":2}`, "400", "bad_request"},
+		{"unpaired surrogate", `{"descriptor":{"tenant":"a\ud800"}}`, "400", "bad_request"},
 	}
 	for _, c := range cases {
 		r := decide(t, tn.nc, "rl.v1.decide", c.body)
@@ -143,6 +150,9 @@ func TestErrors(t *testing.T) {
 		}
 		if strings.HasPrefix(r.Msg, "mesh:") {
 			t.Errorf("%s: message %q leaks the package's error prefix", c.name, r.Msg)
+		}
+		if f, _, ok := strings.Cut(r.Msg, ":"); ok && strings.Count(r.Msg, f+":") > 1 {
+			t.Errorf("%s: message %q names its field twice", c.name, r.Msg)
 		}
 	}
 	// Exactly 4096 bytes is within the limit.

@@ -626,7 +626,7 @@ func (s *JetStreamStore) UpdateAsyncTTL(key string, value []byte, rev uint64, tt
 		Data:    value,
 		Header:  nats.Header{expectedSeqHeader: []string{strconv.FormatUint(rev, 10)}},
 	}
-	SetTTL(m.Header, ttl)
+	SetTTL(m, ttl)
 	if err := s.send(&pendingOp{key: key, onUpdate: done}, m, timeout); err != nil {
 		go done(0, fmt.Errorf("kvstate: update %q: %w", key, err))
 	}

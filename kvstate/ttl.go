@@ -18,6 +18,15 @@ import (
 // least as long as any TTL it is given ([EnsureTTLStream]), and a message
 // that must outlive even that is written with [NoExpiry].
 
+// TTLStore is an [AsyncStore] whose writes can carry a time to live
+// ([JetStreamStore]).
+type TTLStore interface {
+	AsyncStore
+	// UpdateAsyncTTL is UpdateAsync with the written value's time to
+	// live (see [SetTTL]).
+	UpdateAsyncTTL(key string, value []byte, rev uint64, ttl, timeout time.Duration, done func(uint64, error))
+}
+
 // NoExpiry, as a write's time to live, keeps the message until it is
 // replaced or removed, whatever the stream's age limit (the header value
 // "never").
@@ -28,13 +37,16 @@ const NoExpiry time.Duration = -1
 // is in int64 nanoseconds).
 const MaxTTL = 100 * 365 * 24 * time.Hour
 
-// SetTTL sets h's Nats-TTL header for ttl: a positive ttl in whole seconds
+// SetTTL sets m's Nats-TTL header for ttl: a positive ttl in whole seconds
 // rounded up (at least 1 s, the server's least TTL), [NoExpiry] (or any
 // negative ttl, or one above MaxTTL) as "never"; ttl 0 sets nothing (the
 // stream's limits apply).
-func SetTTL(h nats.Header, ttl time.Duration) {
+func SetTTL(m *nats.Msg, ttl time.Duration) {
 	if v := TTLValue(ttl); v != "" {
-		h.Set(jetstream.MsgTTLHeader, v)
+		if m.Header == nil {
+			m.Header = nats.Header{}
+		}
+		m.Header.Set(jetstream.MsgTTLHeader, v)
 	}
 }
 

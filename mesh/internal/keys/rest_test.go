@@ -167,3 +167,33 @@ func TestOwnerRestAtAfterPolicyChange(t *testing.T) {
 		t.Fatalf("after the change: revision %d, rest at +%v", rec.Revision, time.Duration(rec.RestAt-now))
 	}
 }
+
+// BenchmarkRecordRestAt compares encoding a record (keyrec.Append) with
+// computing its rest time and encoding it, as every write does: a rate
+// and a quota limit, with request_ids remembered.
+func BenchmarkRecordRestAt(b *testing.B) {
+	p := mustParse(&testing.T{}, `{"match":{"tenant":"*"},"limits":[
+		{"name":"r","algorithm":"token_bucket","rate":"10/s","burst":40},
+		{"name":"q","algorithm":"quota","limit":20000000,"period":"month"}]}`)
+	limits := []kvstate.Limit{p.Limits[0].Limit, p.Limits[1].Limit}
+	now := int64(1_800_000_000) * sec
+	_, states := kvstate.DecideAll(limits, nil, now, 3*kvstate.Unit, nil)
+	rec := keyrec.Record{Policy: p.Name, Revision: 12, Version: 9, States: states}
+	for i := range 8 {
+		rec.AddDedupe(keyrec.IDHash(string(rune('a'+i))), now, keyrec.Decision{Allowed: true})
+	}
+	buf := make([]byte, 0, keyrec.SizeHint(&rec))
+	b.Run("append", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			buf = keyrec.Append(buf[:0], &rec)
+		}
+	})
+	b.Run("rest+append", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			rec.RestAt = recordRestAt(p, &rec)
+			buf = keyrec.Append(buf[:0], &rec)
+		}
+	})
+}

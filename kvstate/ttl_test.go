@@ -151,6 +151,28 @@ func TestUpdateAsyncTTL(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+		// A floor read of several keys sees it absent too, until the
+		// create above: do it again on a key that expires.
+		update("short2", 0, time.Second)
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			ch := make(chan []KeyRecord, 1)
+			s.GetManyAsyncFloor([]string{"short2", "day"}, "day", 1, 5*time.Second, func(recs []KeyRecord, err error) {
+				if err != nil {
+					t.Errorf("floor read: %v", err)
+				}
+				ch <- recs
+			})
+			recs := answered(t, ch, "floor read")
+			if len(recs) == 2 && !recs[0].Live {
+				if !recs[1].Live || markers != (recs[0].Rev != 0) {
+					t.Fatalf("markers %v: floor read after expiry: %+v", markers, recs)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("markers %v: a 1 s TTL did not expire within 15 s", markers)
+			}
+		}
 		for _, k := range []string{"day", "never", "none", "short"} {
 			if _, _, err := s.Get(ctx, k); err != nil {
 				t.Fatalf("markers %v: %s: %v", markers, k, err)

@@ -67,6 +67,8 @@ func TestRecordRestAt(t *testing.T) {
 			[]restStep{{base, 1, ""}}, utc(t, "2028-02-14T00:00:00Z")},
 		{"quota, a day", `{"algorithm":"quota","limit":"0.5","period":"day"}`,
 			[]restStep{{base, 0, ""}}, utc(t, "2028-02-10T00:00:00Z")},
+		{"concurrency, the last hold's expiry", `{"algorithm":"concurrency","limit":5,"window":"30s"}`,
+			[]restStep{{base, 1, ""}, {h(10 * time.Second), 2, ""}}, h(40 * time.Second)},
 		{"rate and quota: the later", `{"name":"r","algorithm":"token_bucket","rate":"10/s","burst":40},
 			{"name":"q","algorithm":"quota","limit":20000000,"period":"month"}`,
 			[]restStep{{base, 40, ""}}, utc(t, "2028-03-01T00:00:00Z")},

@@ -71,7 +71,7 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 	fs.StringVar(&c.prefix, "prefix", "rl", "subject prefix; buckets are <prefix>_policies and <prefix>_state")
 	fs.DurationVar(&c.decisionTimeout, "decision-timeout", 500*time.Millisecond, "longest a decision may take before the node answers 503")
 	fs.IntVar(&c.replicas, "replicas", 1, "replicas of the buckets this node creates")
-	fs.DurationVar(&c.stateTTL, "state-ttl", time.Hour, "idle limiter state expires after this long")
+	fs.DurationVar(&c.stateTTL, "state-ttl", time.Hour, "how long limiter state is kept after its last write once it is at rest (buckets full, windows and periods over); state that can still change a decision is kept until it is at rest")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.clusterListen, "cluster-listen", "", "host:port for routes to other NATS servers (makes the embedded server a cluster member)")
 	fs.StringVar(&c.clusterName, "cluster-name", "", "NATS cluster name (default: the --region when given, else "+mesh.DefaultClusterName+")")

@@ -59,7 +59,7 @@ func limitKey(t *testing.T, tenant string) string {
 
 // storedUnits reads the whole units of the first limit in key's latest
 // durable record (journalled or in the state bucket: mesh.ReadStateRecord;
-// docs/protocol.md: format, policy, revision, version, states), or -1 when the
+// docs/protocol.md: format, policy, revision, version, rest_at, states), or -1 when the
 // key has none.
 func storedUnits(t *testing.T, nc *nats.Conn, key string) int64 {
 	t.Helper()
@@ -77,14 +77,17 @@ func storedUnits(t *testing.T, nc *nats.Conn, key string) int64 {
 	}
 	r := bytes.NewReader(val)
 	format, _ := r.ReadByte()
-	if format != 1 && format != 2 {
+	if format < 1 || format > 3 {
 		t.Fatalf("record format %d", format)
 	}
 	n, _ := binenc.ReadUvarint(r)
 	r.Seek(int64(n), 1)
 	binenc.ReadUvarint(r) // revision
-	if format == 2 {
+	if format >= 2 {
 		binenc.ReadUvarint(r) // the record's version
+	}
+	if format >= 3 {
+		binenc.ReadVarint(r) // the instant it comes to rest
 	}
 	n, _ = binenc.ReadUvarint(r)
 	st := make([]byte, n)

@@ -144,7 +144,9 @@ func TestRestartKeepsState(t *testing.T) {
 	}
 }
 
-// TestBucketsNotNarrowed: existing buckets are used as they are.
+// TestBucketsNotNarrowed: existing buckets are used as they are, except
+// that the state bucket is widened (never narrowed) to the retention
+// horizon, for per-message TTLs (CONTRACT §3, state retention).
 func TestBucketsNotNarrowed(t *testing.T) {
 	e := server(t, t.TempDir())
 	nc := connect(t, e)
@@ -172,11 +174,12 @@ func TestBucketsNotNarrowed(t *testing.T) {
 		}
 	}
 	check("rl_policies", 40, 0)
-	check("rl_state", 1, 3*time.Hour)
+	check("rl_state", 1, mesh.RetentionHorizon)
 }
 
 // TestCreatedBuckets: a node creates the buckets with history >= 16 for
-// policies and the idle-expiry TTL for state.
+// policies and the retention horizon as the state bucket's age limit
+// (records carry their own TTLs).
 func TestCreatedBuckets(t *testing.T) {
 	e := server(t, t.TempDir())
 	tn := startNode(t, e, mesh.NodeConfig{Prefix: "px", StateTTL: 2 * time.Hour})
@@ -193,7 +196,7 @@ func TestCreatedBuckets(t *testing.T) {
 		t.Fatal(err)
 	}
 	ss, _ := sk.Status(ctx)
-	if ps.History() < 16 || ss.TTL() != 2*time.Hour {
+	if ps.History() < 16 || ss.TTL() != mesh.RetentionHorizon {
 		t.Fatalf("policies history %d, state ttl %v", ps.History(), ss.TTL())
 	}
 	if r := decide(t, tn.nc, "px.v1.decide", `{"descriptor":{"a":"b"}}`); !r.Allowed || r.Code != "" {

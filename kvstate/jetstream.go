@@ -610,11 +610,23 @@ func (s *JetStreamStore) answerFloor(id uint64, m *nats.Msg) bool {
 // UpdateAsync implements [AsyncStore], like Update (expected revision 0:
 // the key must have no message, see above).
 func (s *JetStreamStore) UpdateAsync(key string, value []byte, rev uint64, timeout time.Duration, done func(uint64, error)) {
+	s.UpdateAsyncTTL(key, value, rev, 0, timeout, done)
+}
+
+// UpdateAsyncTTL is UpdateAsync with the written message's time to live
+// (see [SetTTL]): the bucket removes the value ttl after the write
+// (whole seconds, rounded up), whatever its own age limit would keep;
+// [NoExpiry] keeps it until it is replaced, whatever the age limit; 0
+// leaves it to the bucket's limits. A ttl other than 0 needs a bucket
+// that allows per-message TTLs ([EnsureTTLStream]); otherwise the write
+// fails with JetStream's error 10166.
+func (s *JetStreamStore) UpdateAsyncTTL(key string, value []byte, rev uint64, ttl, timeout time.Duration, done func(uint64, error)) {
 	m := &nats.Msg{
 		Subject: s.keyPre + key,
 		Data:    value,
 		Header:  nats.Header{expectedSeqHeader: []string{strconv.FormatUint(rev, 10)}},
 	}
+	SetTTL(m, ttl)
 	if err := s.send(&pendingOp{key: key, onUpdate: done}, m, timeout); err != nil {
 		go done(0, fmt.Errorf("kvstate: update %q: %w", key, err))
 	}

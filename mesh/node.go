@@ -97,10 +97,14 @@ type NodeConfig struct {
 	Prefix          string        // subject and bucket prefix; default "rl"
 	DecisionTimeout time.Duration // deadline of one decision; default 500ms
 	Replicas        int           // replicas of buckets the node creates; default 1
-	StateTTL        time.Duration // idle expiry of limiter state (bucket TTL); default 1h
-	Logger          *slog.Logger  // nil: discard
-	Registry        *prometheus.Registry
-	Clock           func() time.Time // nil: time.Now
+	// StateTTL is how long limiter state that is at rest (a full bucket,
+	// rolled-over windows) is kept after its last write; state that can
+	// still change a decision is kept until it is at rest, however long
+	// that is (CONTRACT §3, RetentionHorizon); default 1h.
+	StateTTL time.Duration
+	Logger   *slog.Logger // nil: discard
+	Registry *prometheus.Registry
+	Clock    func() time.Time // nil: time.Now
 	// MaxConflicts bounds lost CAS writes per decision; default 8.
 	MaxConflicts int
 	// AsyncInterval is the write-behind interval of async-mode policies: a
@@ -340,11 +344,15 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		Bucket:      n.StateBucket(),
 		Description: "limitmesh limiter state",
 		History:     1,
-		TTL:         n.cfg.StateTTL,
+		TTL:         n.horizon(),
 		Storage:     jetstream.FileStorage,
 		Replicas:    n.cfg.Replicas,
 	}); err != nil {
 		return err
+	}
+	retention, err := n.stateRetention(ctx, js)
+	if err != nil {
+		return fmt.Errorf("mesh: state bucket: %w", err)
 	}
 	store, err := kvstate.NewJetStreamStore(ctx, js, n.StateBucket())
 	if err != nil {
@@ -423,13 +431,14 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 				CheckpointInterval: min(n.cfg.CheckpointInterval, n.cfg.StateTTL/4),
 				ReadCache:          2 * n.cfg.LeaseTime,
 				Boot:               boot,
+				Retention:          retention,
 				Log:                n.log,
 			},
 			JS:       js,
 			Store:    store,
 			Bucket:   n.StateBucket(),
 			Replicas: n.cfg.Replicas,
-			MaxAge:   n.cfg.StateTTL,
+			MaxAge:   n.horizon(),
 			Retry:    n.retryJS,
 		})
 		if err != nil {
@@ -465,7 +474,7 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		Runtime:         n.rt,
 		Route:           n.route,
 		Journal:         jr,
-		Store:           member.BucketStore{Bucket: store, Usage: sink.directOf},
+		Store:           member.BucketStore{Bucket: store, Usage: sink.directOf, Retention: retention, Now: n.rt.Now},
 		Keys: keys.Config{
 			Env:           n.policies,
 			Versions:      versionFetcher{watcher},
@@ -500,9 +509,9 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		Metrics:         sm,
 	})
 	m.Start()
-	// Cached keys go well before their records expire from the bucket
-	// (which happens up to a checkpoint interval after the last change): an
-	// idle key then starts from the bucket, fresh.
+	// Cached keys go well before their records may expire from the bucket
+	// (at least StateTTL after their last write, and never before they
+	// are at rest): an idle key then starts from its durable record.
 	idle := max(min(n.cfg.StateTTL/2, time.Minute), 500*time.Millisecond)
 	n.bg.Go(func() { n.sweep(bgctx, idle) })
 

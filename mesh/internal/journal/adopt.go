@@ -95,7 +95,7 @@ func (j *Journal) Adopt(p int, sources []string, epoch uint64, timeout time.Dura
 			return
 		}
 		msg := appendFence(nil, fence{part: p, epoch: epoch, node: j.cfg.Self})
-		j.cfg.Stream.Publish(j.subjOf(src), msg, j.opTimeout(deadline), func(seq uint64, err error) {
+		j.cfg.Stream.Publish(j.subjOf(src), msg, j.floorTTL(), j.opTimeout(deadline), func(seq uint64, err error) {
 			if err != nil {
 				err = fmt.Errorf("fencing the journal of %s: %w", src, err)
 			}

@@ -21,6 +21,13 @@ import (
 // subject's last sequence when nothing was appended since, which the next
 // append expects. The mark never passes a record that is not in the state
 // bucket, that is pinned, or that is an orphan (invariant J3).
+//
+// Retention (docs/protocol.md, "State retention"). A checkpointed record
+// carries its own time to live in the state bucket, computed when it is
+// written (keyrec.Retention.TTLOf: the state TTL, or until the record comes
+// to rest); the mark is kept as long as the journal messages it covers
+// (writer.keepUntil), so a reader never finds messages the mark passed
+// without the mark.
 
 type checkpointer struct {
 	j *Journal
@@ -181,7 +188,8 @@ func (c *checkpointer) writeRecord(key string, val []byte, rev uint64, known boo
 			lapsed()
 			return
 		}
-		j.cfg.Bucket.UpdateAsync(key, val, rev, j.cfg.Timeout, func(nrev uint64, err error) {
+		ttl := j.cfg.Retention.TTLOf(val, j.now().UnixNano())
+		j.cfg.Bucket.UpdateAsync(key, val, rev, ttl, j.cfg.Timeout, func(nrev uint64, err error) {
 			if errors.Is(err, kvstate.ErrConflict) && retry {
 				reread()
 				return
@@ -209,7 +217,8 @@ func (c *checkpointer) advanceMark(done func()) {
 		return
 	}
 	put := func() {
-		j.cfg.Bucket.PutAsync(markPrefix+j.cfg.Self, strconv.AppendUint(nil, m, 10), j.cfg.Timeout, func(_ uint64, err error) {
+		ttl := j.cfg.Retention.TTLAt(j.w.keepUntil(), j.now().UnixNano())
+		j.cfg.Bucket.PutAsync(markPrefix+j.cfg.Self, strconv.AppendUint(nil, m, 10), ttl, j.cfg.Timeout, func(_ uint64, err error) {
 			if err != nil {
 				j.log.Warn("recording the journal mark", "error", err.Error())
 				done()

@@ -107,7 +107,9 @@ func (f *floors) write(p int, done func(error)) {
 	f.mu.Lock()
 	claimed := f.parts[p].at
 	f.mu.Unlock()
-	f.j.cfg.Bucket.PutAsync(f.key, nil, f.j.cfg.Timeout, func(seq uint64, err error) {
+	// No TTL: the floor key is kept for the bucket's age limit (the
+	// retention horizon), far beyond the node's batched key checks.
+	f.j.cfg.Bucket.PutAsync(f.key, nil, 0, f.j.cfg.Timeout, func(seq uint64, err error) {
 		if err != nil {
 			done(fmt.Errorf("writing the read floor: %w", err))
 			return

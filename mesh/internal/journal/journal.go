@@ -75,12 +75,16 @@ const (
 // Stream is the journal stream as the journal uses it. Every call returns
 // at once and calls done exactly once, on a goroutine of its own, within
 // about timeout; data is not retained after the call returns.
+//
+// ttl is a published message's time to live (kvstate.SetTTL: 0 none,
+// kvstate.NoExpiry never); a store that keeps messages its own way may
+// ignore it.
 type Stream interface {
 	// Append publishes data to subj if subj's last sequence is still last
 	// (0: subj has no message). Any error leaves the outcome unknown.
-	Append(subj string, data []byte, last uint64, timeout time.Duration, done func(seq uint64, err error))
+	Append(subj string, data []byte, last uint64, ttl, timeout time.Duration, done func(seq uint64, err error))
 	// Publish publishes data to subj unconditionally.
-	Publish(subj string, data []byte, timeout time.Duration, done func(seq uint64, err error))
+	Publish(subj string, data []byte, ttl, timeout time.Duration, done func(seq uint64, err error))
 	// Last returns the sequence of subj's last message (0: none), from the
 	// stream's leader.
 	Last(subj string, timeout time.Duration, done func(seq uint64, err error))
@@ -102,13 +106,14 @@ var ErrReadIncomplete = errors.New("mesh: journal read ended before its last mes
 // Bucket is the state bucket as the journal uses it: leader reads,
 // compare-and-swap writes, floor reads and unconditional puts. Every call
 // returns at once and calls done exactly once, on a goroutine of its own.
+// A write's ttl is as a Stream's.
 type Bucket interface {
 	// GetAsync reads key from the stream's leader; kvstate.ErrNotFound
 	// (with the revision a create must expect) when it has no record.
 	GetAsync(key string, timeout time.Duration, done func(val []byte, rev uint64, err error))
 	// UpdateAsync writes val if key's revision is still rev (0: absent);
 	// kvstate.ErrConflict otherwise.
-	UpdateAsync(key string, val []byte, rev uint64, timeout time.Duration, done func(rev uint64, err error))
+	UpdateAsync(key string, val []byte, rev uint64, ttl, timeout time.Duration, done func(rev uint64, err error))
 	// GetAsyncFloor reads key from a replica at or past sequence floor
 	// (reading floorKey with it so a current replica's answer is never
 	// empty); kvstate.ErrStale when the answering replica is behind.
@@ -116,7 +121,7 @@ type Bucket interface {
 	// GetManyAsyncFloor is GetAsyncFloor for up to kvstate.MaxManyKeys keys.
 	GetManyAsyncFloor(keys []string, floorKey string, floor uint64, timeout time.Duration, done func([]kvstate.KeyRecord, error))
 	// PutAsync writes val unconditionally and returns its revision.
-	PutAsync(key string, val []byte, timeout time.Duration, done func(rev uint64, err error))
+	PutAsync(key string, val []byte, ttl, timeout time.Duration, done func(rev uint64, err error))
 }
 
 // UsageSink takes the usage records of the admissions journalled records
@@ -173,7 +178,11 @@ type Config struct {
 	Boot string
 	// Usage takes the usage of journalled admissions; nil: none.
 	Usage UsageSink
-	Log   *slog.Logger
+	// Retention says how long the journal's messages and the records
+	// it checkpoints are kept (per-message TTLs; the zero value: none,
+	// the stream's and the bucket's own limits apply).
+	Retention keyrec.Retention
+	Log       *slog.Logger
 }
 
 // Journal is one node's state journal. Its methods are safe for concurrent
@@ -216,6 +225,15 @@ func New(cfg Config) *Journal {
 		j.recs.inherit(cfg.Mark)
 	}
 	j.w = &writer{j: j, last: cfg.Last, nonce: cfg.Nonce}
+	if cfg.Last > 0 && cfg.Retention.On() {
+		// The subject holds messages of an earlier incarnation, whose
+		// times to live this one does not know: its marks are kept as
+		// long as any message may be.
+		j.w.keep = keyrec.Forever
+		if h := cfg.Retention.Horizon; h > 0 {
+			j.w.keep = j.now().Add(h).UnixNano()
+		}
+	}
 	j.floors = newFloors(j)
 	j.checks = &checker{j: j}
 	j.ck = &checkpointer{j: j, mark: cfg.Mark}
@@ -264,6 +282,13 @@ func later(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// floorTTL is the time to live of a message that holds no record (a
+// fence of another node's journal, a floor key): the retention's floor.
+func (j *Journal) floorTTL() time.Duration {
+	now := j.now().UnixNano()
+	return j.cfg.Retention.TTLAt(j.cfg.Retention.KeepUntil(0, now), now)
 }
 
 // isTimeout reports an operation that got no answer in time (the stores

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,14 +58,17 @@ func (s *JetStreamStream) call(timeout time.Duration, f func(ctx context.Context
 }
 
 // Append implements Stream.
-func (s *JetStreamStream) Append(subj string, data []byte, last uint64, timeout time.Duration, done func(uint64, error)) {
+func (s *JetStreamStream) Append(subj string, data []byte, last uint64, ttl, timeout time.Duration, done func(uint64, error)) {
 	m := &nats.Msg{Subject: subj, Data: data, Header: nats.Header{expectedSubjSeqHdr: []string{strconv.FormatUint(last, 10)}}}
+	kvstate.SetTTL(m, ttl)
 	s.store.PublishAsync(m, s.name, timeout, done)
 }
 
 // Publish implements Stream.
-func (s *JetStreamStream) Publish(subj string, data []byte, timeout time.Duration, done func(uint64, error)) {
-	s.store.PublishAsync(&nats.Msg{Subject: subj, Data: data}, s.name, timeout, done)
+func (s *JetStreamStream) Publish(subj string, data []byte, ttl, timeout time.Duration, done func(uint64, error)) {
+	m := &nats.Msg{Subject: subj, Data: data}
+	kvstate.SetTTL(m, ttl)
+	s.store.PublishAsync(m, s.name, timeout, done)
 }
 
 // Last implements Stream.
@@ -107,9 +111,16 @@ func NewJetStreamBucket(store *kvstate.JetStreamStore, bucket string) *JetStream
 	return &JetStreamBucket{JetStreamStore: store, bucket: bucket}
 }
 
+// UpdateAsync implements Bucket.
+func (b *JetStreamBucket) UpdateAsync(key string, val []byte, rev uint64, ttl, timeout time.Duration, done func(uint64, error)) {
+	b.UpdateAsyncTTL(key, val, rev, ttl, timeout, done)
+}
+
 // PutAsync implements Bucket.
-func (b *JetStreamBucket) PutAsync(key string, val []byte, timeout time.Duration, done func(uint64, error)) {
-	b.PublishAsync(&nats.Msg{Subject: "$KV." + b.bucket + "." + key, Data: val}, "KV_"+b.bucket, timeout, done)
+func (b *JetStreamBucket) PutAsync(key string, val []byte, ttl, timeout time.Duration, done func(uint64, error)) {
+	m := &nats.Msg{Subject: "$KV." + b.bucket + "." + key, Data: val}
+	kvstate.SetTTL(m, ttl)
+	b.PublishAsync(m, "KV_"+b.bucket, timeout, done)
 }
 
 // OpenConfig is what Open needs beyond Config.
@@ -119,16 +130,26 @@ type OpenConfig struct {
 	Store    *kvstate.JetStreamStore // the state bucket's store
 	Bucket   string                  // the state bucket's name
 	Replicas int
-	MaxAge   time.Duration // the journal stream's message age limit (the state TTL)
-	Retry    func(ctx context.Context, what string, op func(context.Context) error) error
+	// MaxAge is the journal stream's age limit: it is created with it,
+	// and an existing stream with a shorter one is widened to it (and to
+	// per-message TTLs) when Config.Retention is on (the retention
+	// horizon; 0: none).
+	MaxAge time.Duration
+	Retry  func(ctx context.Context, what string, op func(context.Context) error) error
 }
 
-// Open creates the journal stream if needed (never changing one that
-// exists), reads where this node's subject ends and its mark, and returns
-// the node's journal over JetStream (ctx bounds the start; bg the
-// journal's own reads).
+// Open creates the journal stream if needed, reads where this node's
+// subject ends and its mark, and returns the node's journal over JetStream
+// (ctx bounds the start; bg the journal's own reads). With Retention on,
+// the stream allows per-message TTLs and its age limit is at least
+// MaxAge: an existing stream is widened to that (never narrowed or
+// otherwise changed); on a server without per-message TTLs the journal
+// writes none (Retention off).
 func Open(ctx, bg context.Context, oc OpenConfig) (*Journal, error) {
 	name := StreamName(oc.Prefix)
+	if oc.Log == nil {
+		oc.Log = slog.New(slog.DiscardHandler)
+	}
 	var stream jetstream.Stream
 	err := oc.Retry(ctx, "stream "+name, func(ctx context.Context) (err error) {
 		stream, err = oc.JS.Stream(ctx, name)
@@ -141,12 +162,27 @@ func Open(ctx, bg context.Context, oc OpenConfig) (*Journal, error) {
 				Replicas:    oc.Replicas,
 				MaxAge:      oc.MaxAge,
 				Discard:     jetstream.DiscardOld,
+				AllowMsgTTL: oc.Retention.On(),
 			})
 			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 				stream, err = oc.JS.Stream(ctx, name)
 			}
 		}
-		return err
+		if err != nil || !oc.Retention.On() {
+			return err
+		}
+		scfg, err := kvstate.EnsureTTLStream(ctx, oc.JS, name, oc.MaxAge)
+		if err != nil {
+			return err
+		}
+		if !scfg.AllowMsgTTL {
+			oc.Log.Warn("the journal stream does not allow per-message TTLs (nats-server before 2.11): its messages are kept for its age limit",
+				"stream", name, "max_age", scfg.MaxAge)
+			oc.Retention = keyrec.Retention{}
+			return nil
+		}
+		oc.Retention.Horizon = minAge(oc.Retention.Horizon, scfg.MaxAge)
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mesh: journal stream: %w", err)
@@ -185,6 +221,17 @@ func Open(ctx, bg context.Context, oc OpenConfig) (*Journal, error) {
 		cfg.Mark = mark
 	}
 	return New(cfg), nil
+}
+
+// minAge returns the shorter of two age limits (0: none).
+func minAge(a, b time.Duration) time.Duration {
+	switch {
+	case a == 0:
+		return b
+	case b == 0:
+		return a
+	}
+	return min(a, b)
 }
 
 // readMark returns node id's mark from the state bucket kv (0 when it has

@@ -214,14 +214,14 @@ type lostAck struct {
 	before     uint64
 }
 
-func (s *lostAck) Append(subj string, data []byte, last uint64, timeout time.Duration, done func(uint64, error)) {
+func (s *lostAck) Append(subj string, data []byte, last uint64, ttl, timeout time.Duration, done func(uint64, error)) {
 	s.appends++
 	if s.appends > 1 {
-		s.Stream.Append(subj, data, last, timeout, done)
+		s.Stream.Append(subj, data, last, ttl, timeout, done)
 		return
 	}
 	s.before = last
-	s.Stream.Append(subj, data, last, timeout, func(_ uint64, err error) {
+	s.Stream.Append(subj, data, last, ttl, timeout, func(_ uint64, err error) {
 		if err != nil {
 			s.t.Errorf("the first append: %v", err)
 		}

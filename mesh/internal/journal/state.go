@@ -130,7 +130,7 @@ func (b markBucket) GetAsync(key string, timeout time.Duration, done func([]byte
 	}()
 }
 
-func (markBucket) UpdateAsync(_ string, _ []byte, _ uint64, _ time.Duration, done func(uint64, error)) {
+func (markBucket) UpdateAsync(_ string, _ []byte, _ uint64, _, _ time.Duration, done func(uint64, error)) {
 	done(0, errReadOnly)
 }
 
@@ -142,6 +142,6 @@ func (markBucket) GetManyAsyncFloor(_ []string, _ string, _ uint64, _ time.Durat
 	done(nil, errReadOnly)
 }
 
-func (markBucket) PutAsync(_ string, _ []byte, _ time.Duration, done func(uint64, error)) {
+func (markBucket) PutAsync(_ string, _ []byte, _, _ time.Duration, done func(uint64, error)) {
 	done(0, errReadOnly)
 }

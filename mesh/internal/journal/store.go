@@ -11,8 +11,8 @@ import (
 
 // GetAsync implements keys.Store: the journalled record when it is
 // not checkpointed yet, else the state bucket's (which may have expired
-// since: the bucket's idle expiry applies as without the journal). A key
-// of a partition this node does not hold fails as fenced.
+// since, once at rest: its TTL applies as without the journal). A key of
+// a partition this node does not hold fails as fenced.
 func (j *Journal) GetAsync(key string, timeout time.Duration, done func([]byte, uint64, error)) {
 	part := j.partOf(key)
 	val, jseq, gen, hit, owned := j.recs.lookup(key, part, j.now().UnixNano())

@@ -25,6 +25,15 @@ import (
 // landed, and a fence of another node shows which partitions were taken
 // away (invariant J1: after a fence, no batch of the fenced owner for that
 // partition commits).
+//
+// Retention. Every message carries a time to live: until the latest
+// instant any record this node has appended so far must be kept
+// (keyrec.Retention.KeepUntil of its RestAt; the state TTL for a message
+// with no record), so the subject's messages expire oldest first, as they
+// would by an age limit, and none expires before the records in it (and
+// in any message before it) come to rest. A dead node's journal is thus
+// kept until its next owner would no longer need it, however long no node
+// runs.
 
 // write is a key write waiting for its batch, or (fence != nil) a tenure
 // marker appended on its own, or (barrier) an empty batch appended on its
@@ -54,6 +63,9 @@ type writer struct {
 	stopped bool
 	buf     []byte // the last message built (a batch ends before the next is built)
 	nonce   uint64 // the next batch's nonce
+	// keep is the instant (Unix ns) until which the messages appended so
+	// far must be kept (see Retention above); it never decreases.
+	keep int64
 }
 
 // enqueue adds writes to the next batch.
@@ -62,6 +74,14 @@ func (w *writer) enqueue(ws ...*write) {
 	w.pending = append(w.pending, ws...)
 	w.mu.Unlock()
 	w.kick()
+}
+
+// keepUntil returns the instant (Unix ns) until which the messages this
+// node appended so far must be kept.
+func (w *writer) keepUntil() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.keep
 }
 
 // lastSeq returns the last sequence of the subject this node knows of.
@@ -215,13 +235,22 @@ func (w *writer) attempt(f *flight, n int, lastErr error) {
 	}
 	w.mu.Lock()
 	last := w.last
+	ret, at := w.j.cfg.Retention, now.UnixNano()
+	w.keep = max(w.keep, ret.KeepUntil(0, at))
+	for _, x := range f.writes {
+		if x.fence == nil && !x.barrier {
+			rest, _ := keyrec.PeekRestAt(x.val)
+			w.keep = max(w.keep, ret.KeepUntil(rest, at))
+		}
+	}
+	ttl := ret.TTLAt(w.keep, at)
 	if !f.frozen {
 		f.writes = slices.DeleteFunc(f.writes, func(x *write) bool { return x.failed })
 		f.build(w)
 	}
 	data := f.data
 	w.mu.Unlock()
-	w.j.cfg.Stream.Append(w.j.subj, data, last, deadline.Sub(now), func(seq uint64, err error) {
+	w.j.cfg.Stream.Append(w.j.subj, data, last, ttl, deadline.Sub(now), func(seq uint64, err error) {
 		// Off the stream's callback goroutine: the answers run the key
 		// owners' next batches and replies.
 		w.j.rt.Go(func() {

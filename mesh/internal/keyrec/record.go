@@ -17,12 +17,21 @@ const DedupeWindow = 60 * kvstate.Second
 // (and spends) again. 256 entries keep a Record under ~12 KiB.
 const MaxDedupeEntries = 256
 
-// The first byte of an encoded Record: its format. Format 2 adds the
-// record's version (Record.Version); format 1 records decode with version 0.
+// The first byte of an encoded Record: its format. Format 3 adds the
+// instant the record comes to rest (Record.RestAt); format 2 records decode
+// with RestAt 0 (unknown). Format 2 adds the record's version
+// (Record.Version); format 1 records decode with version 0.
 const (
 	recordFormat1 = 1
-	recordFormat  = 2
+	recordFormat2 = 2
+	recordFormat  = 3
 )
+
+// knownFormat reports whether b starts with a record format this package
+// decodes.
+func knownFormat(b []byte) bool {
+	return len(b) > 0 && b[0] >= recordFormat1 && b[0] <= recordFormat
+}
 
 // Record is the value stored in the state bucket for one limit key: the
 // policy version the states were last written under, the kvstate states of
@@ -31,10 +40,11 @@ const (
 //
 // Encoding (docs/protocol.md):
 //
-//	byte    format (2; 1 has no version field)
+//	byte    format (3; 2 has no rest_at field, 1 neither a version)
 //	uvarint len(policy), policy bytes
 //	uvarint policy revision
-//	uvarint version (format 2)
+//	uvarint version (formats 2 and 3)
+//	varint  rest_at (format 3)
 //	uvarint len(states), states (kvstate.AppendStates)
 //	uvarint n dedupe entries, oldest first, each:
 //	  [16]byte id hash, varint at (ns), byte flags (1 allowed, 2 shadow_denied),
@@ -47,8 +57,16 @@ type Record struct {
 	// a key the one with the higher version is the later (adoption keeps
 	// it, whatever journal it came from: invariant J10).
 	Version uint64
-	States  []kvstate.State // one per limit, in the policy's limit order
-	Dedupe  []DedupeEntry   // recent request_ids, oldest first
+	// RestAt is the instant (Unix ns, the writer's clock) at and after
+	// which the record is at rest: every limit's state is
+	// (kvstate.RestAt) and every remembered request_id is out of the
+	// dedupe window, so dropping the record changes no decision. The
+	// writer sets it with every write; the state bucket and the journal
+	// keep the record at least until then (Retention). 0: unknown (a
+	// record of format 1 or 2).
+	RestAt int64
+	States []kvstate.State // one per limit, in the policy's limit order
+	Dedupe []DedupeEntry   // recent request_ids, oldest first
 }
 
 // DedupeEntry is one remembered request_id.
@@ -69,7 +87,7 @@ const (
 // SizeHint is a capacity that usually holds r's encoding, so
 // encoding allocates once.
 func SizeHint(r *Record) int {
-	return 32 + len(r.Policy) + 40*len(r.States) + 48*len(r.Dedupe)
+	return 42 + len(r.Policy) + 40*len(r.States) + 48*len(r.Dedupe)
 }
 
 // Append appends the encoding of r to dst.
@@ -79,6 +97,7 @@ func Append(dst []byte, r *Record) []byte {
 	dst = append(dst, r.Policy...)
 	dst = binary.AppendUvarint(dst, r.Revision)
 	dst = binary.AppendUvarint(dst, r.Version)
+	dst = binary.AppendVarint(dst, r.RestAt)
 	// The states' length prefix is a uvarint: encode the states after a
 	// one-byte gap and widen the gap only when they are 128 bytes or more.
 	at := len(dst)
@@ -167,14 +186,17 @@ func (r *reader) bytes(n uint64, what string) []byte {
 // kvstate.ErrCorrupt for the states part); it never panics.
 func Decode(b []byte) (Record, error) {
 	var rec Record
-	if len(b) == 0 || (b[0] != recordFormat && b[0] != recordFormat1) {
+	if !knownFormat(b) {
 		return rec, fmt.Errorf("%w: unknown format", ErrCorrupt)
 	}
 	r := reader{b: b[1:]}
 	rec.Policy = string(r.bytes(r.uvarint("policy length"), "policy"))
 	rec.Revision = r.uvarint("revision")
-	if b[0] == recordFormat {
+	if b[0] >= recordFormat2 {
 		rec.Version = r.uvarint("version")
+	}
+	if b[0] >= recordFormat {
+		rec.RestAt = r.varint("rest_at")
 	}
 	st := r.bytes(r.uvarint("states length"), "states")
 	n := r.uvarint("dedupe count")
@@ -230,7 +252,7 @@ func (r *Record) fixPolicy() {
 // PeekPolicy returns the policy name and revision a stored Record was
 // written under, without decoding the rest.
 func PeekPolicy(b []byte) (string, uint64, bool) {
-	if len(b) == 0 || (b[0] != recordFormat && b[0] != recordFormat1) {
+	if !knownFormat(b) {
 		return "", 0, false
 	}
 	r := reader{b: b[1:]}
@@ -242,17 +264,35 @@ func PeekPolicy(b []byte) (string, uint64, bool) {
 // PeekVersion returns a stored record's version (0 for format 1) without
 // decoding the rest; false when b is not a record.
 func PeekVersion(b []byte) (uint64, bool) {
-	if len(b) == 0 || (b[0] != recordFormat && b[0] != recordFormat1) {
-		return 0, false
+	v, _, ok := peek(b)
+	return v, ok
+}
+
+// PeekRestAt returns a stored record's RestAt (0, unknown, for formats 1
+// and 2) without decoding the rest; false when b is not a record.
+func PeekRestAt(b []byte) (int64, bool) {
+	_, at, ok := peek(b)
+	return at, ok
+}
+
+// peek reads a stored record's version and rest_at.
+func peek(b []byte) (version uint64, restAt int64, ok bool) {
+	if !knownFormat(b) {
+		return 0, 0, false
 	}
 	r := reader{b: b[1:]}
 	r.bytes(r.uvarint("policy length"), "policy")
 	r.uvarint("revision")
-	var v uint64
-	if b[0] == recordFormat {
-		v = r.uvarint("version")
+	if b[0] >= recordFormat2 {
+		version = r.uvarint("version")
 	}
-	return v, r.err == nil
+	if b[0] >= recordFormat {
+		restAt = r.varint("rest_at")
+	}
+	if r.err != nil {
+		return 0, 0, false
+	}
+	return version, restAt, true
 }
 
 // FindDedupe returns the remembered decision for id, if any.

@@ -2,6 +2,7 @@ package keyrec
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"reflect"
 	"testing"
@@ -73,7 +74,7 @@ func TestRecordCorrupt(t *testing.T) {
 }
 
 func AppendWithCount(n uint64) []byte {
-	b := []byte{recordFormat, 1, 'p', 1, 7} // policy "p", revision 1, version 7
+	b := []byte{recordFormat, 1, 'p', 1, 7, 0} // policy "p", revision 1, version 7, rest_at 0
 	st := kvstate.AppendStates(nil, nil)
 	b = append(b, byte(len(st)))
 	b = append(b, st...)
@@ -115,6 +116,11 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add(Append(nil, &Record{}))
 	f.Add(Append(nil, new(bigRecord())))
 	f.Add([]byte{1})
+	rest := sampleRecord()
+	rest.RestAt = -1 << 63
+	f.Add(Append(nil, &rest))
+	f.Add(legacy(new(sampleRecord()), recordFormat1))
+	f.Add(legacy(new(sampleRecord()), recordFormat2))
 	f.Add([]byte{1, 200, 200, 200, 200, 200, 200, 200, 200, 200, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := Decode(b)
@@ -132,29 +138,63 @@ func FuzzDecodeRecord(f *testing.F) {
 	})
 }
 
-// TestRecordFormat1: a record of format 1 (no version field) decodes with
-// version 0, as it did; its version and policy peek as such.
-func TestRecordFormat1(t *testing.T) {
+// legacy returns the encoding of r in an older format (1 or 2): format 3
+// without its rest_at (format 2), and without its version too (format 1).
+func legacy(r *Record, format byte) []byte {
+	b := Append(nil, r)
+	head := 1 + 1 + len(r.Policy) + 1 // format, length, name, revision (< 128: one byte)
+	_, nv := binary.Uvarint(b[head:])
+	_, nr := binary.Varint(b[head+nv:])
+	out := append([]byte{format}, b[1:head]...)
+	if format == recordFormat2 {
+		out = append(out, b[head:head+nv]...)
+	}
+	return append(out, b[head+nv+nr:]...)
+}
+
+// TestRecordOlderFormats: records of format 1 (no version field) and 2 (no
+// rest_at) decode with version 0 and RestAt 0 (unknown) as they did; their
+// version, rest and policy peek as such.
+func TestRecordOlderFormats(t *testing.T) {
 	r := sampleRecord()
-	b2 := Append(nil, &r)
-	// Format 1 is format 2 without the version's varint (300: two bytes).
-	name := 1 + 1 + len(r.Policy) + 1 // format, length, name, revision (12: one byte)
-	b1 := append([]byte{recordFormat1}, b2[1:name]...)
-	b1 = append(b1, b2[name+2:]...)
-	got, err := Decode(b1)
-	if err != nil {
-		t.Fatalf("format 1: %v", err)
+	r.RestAt = 1_700_000_000_000_000_000
+	b3 := Append(nil, &r)
+	if b3[0] != 3 {
+		t.Fatalf("format %d written, want 3", b3[0])
 	}
-	if got.Version != 0 || got.Policy != r.Policy || got.Revision != r.Revision || len(got.Dedupe) != 2 {
-		t.Fatalf("format 1 decoded as %+v", got)
+	for _, c := range []struct {
+		format  byte
+		version uint64
+		restAt  int64
+	}{{1, 0, 0}, {2, 300, 0}, {3, 300, r.RestAt}} {
+		b := b3
+		if c.format < recordFormat {
+			b = legacy(&r, c.format)
+		}
+		got, err := Decode(b)
+		if err != nil {
+			t.Fatalf("format %d: %v", c.format, err)
+		}
+		if got.Version != c.version || got.RestAt != c.restAt || got.Policy != r.Policy || got.Revision != r.Revision ||
+			len(got.Dedupe) != 2 || !reflect.DeepEqual(got.States, r.States) {
+			t.Fatalf("format %d decoded as %+v", c.format, got)
+		}
+		if v, ok := PeekVersion(b); !ok || v != c.version {
+			t.Fatalf("PeekVersion(format %d) = %d %v", c.format, v, ok)
+		}
+		if at, ok := PeekRestAt(b); !ok || at != c.restAt {
+			t.Fatalf("PeekRestAt(format %d) = %d %v", c.format, at, ok)
+		}
+		if name, rev, ok := PeekPolicy(b); !ok || name != r.Policy || rev != r.Revision {
+			t.Fatalf("PeekPolicy(format %d) = %q %d %v", c.format, name, rev, ok)
+		}
 	}
-	if v, ok := PeekVersion(b1); !ok || v != 0 {
-		t.Fatalf("PeekVersion(format 1) = %d %v", v, ok)
-	}
-	if v, ok := PeekVersion(b2); !ok || v != 300 {
-		t.Fatalf("PeekVersion(format 2) = %d %v", v, ok)
-	}
-	if _, ok := PeekVersion([]byte{9}); ok {
-		t.Fatal("PeekVersion of a non-record")
+	for _, bad := range [][]byte{{9}, {0}, {4, 0, 0, 0, 0}, nil, b3[:len(r.Policy)+3]} {
+		if _, ok := PeekVersion(bad); ok {
+			t.Fatalf("PeekVersion(%x) of a non-record", bad)
+		}
+		if _, ok := PeekRestAt(bad); ok {
+			t.Fatalf("PeekRestAt(%x) of a non-record", bad)
+		}
 	}
 }

@@ -471,10 +471,13 @@ func (o *owner) writeBehind(now int64) action {
 }
 
 // encode returns the next write of the record, one version above the
-// record it was decided from (keyrec.Record.Version), with the usage of
-// the admissions no earlier write carried.
+// record it was decided from (keyrec.Record.Version) and with the instant
+// it comes to rest (keyrec.Record.RestAt, which decides how long the
+// store keeps it), with the usage of the admissions no earlier write
+// carried.
 func (o *owner) encode() ([]byte, []keyrec.Usage) {
 	o.rec.Version++
+	o.rec.RestAt = recordRestAt(o.policyOf(&o.rec), &o.rec)
 	o.inflightUsage, o.inflightAsync = o.usage, o.usageAsync
 	o.usage, o.usageAsync = nil, nil
 	return keyrec.Append(make([]byte, 0, keyrec.SizeHint(&o.rec)), &o.rec), o.inflightUsage

@@ -187,9 +187,17 @@ func (m *Member) FencedBy(p int, by string) {
 // without the state journal: every record is a compare-and-swap write of
 // its key, and the usage of the admissions it spends goes to Usage once
 // the write succeeded (not durable beyond this node: the journal's is).
+//
+// With Retention on, each write carries the record's time to live
+// (keyrec.Retention.TTLOf at the write, by Now): the bucket keeps it the
+// state TTL, or until it comes to rest when that is later. The bucket must
+// then be a kvstate.TTLStore allowing per-message TTLs; another store
+// writes without.
 type BucketStore struct {
-	Bucket kvstate.AsyncStore
-	Usage  func(key string, record []byte, us []keyrec.Usage) // nil: none
+	Bucket    kvstate.AsyncStore
+	Usage     func(key string, record []byte, us []keyrec.Usage) // nil: none
+	Retention keyrec.Retention
+	Now       func() time.Time // the clock of records' RestAt; nil: time.Now
 }
 
 // GetAsync implements keys.Store.
@@ -199,10 +207,19 @@ func (b BucketStore) GetAsync(key string, timeout time.Duration, done func([]byt
 
 // UpdateAsync implements keys.Store.
 func (b BucketStore) UpdateAsync(key string, value []byte, usage []keyrec.Usage, rev uint64, timeout time.Duration, done func(uint64, error)) {
-	b.Bucket.UpdateAsync(key, value, rev, timeout, func(r uint64, err error) {
+	written := func(r uint64, err error) {
 		if err == nil && len(usage) > 0 && b.Usage != nil {
 			b.Usage(key, value, usage)
 		}
 		done(r, err)
-	})
+	}
+	if ts, ok := b.Bucket.(kvstate.TTLStore); ok && b.Retention.On() {
+		now := time.Now
+		if b.Now != nil {
+			now = b.Now
+		}
+		ts.UpdateAsyncTTL(key, value, rev, b.Retention.TTLOf(value, now().UnixNano()), timeout, written)
+		return
+	}
+	b.Bucket.UpdateAsync(key, value, rev, timeout, written)
 }

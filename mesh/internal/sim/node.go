@@ -299,7 +299,9 @@ func (k simKV) Get(key string, timeout time.Duration, done func(ownership.Entry,
 	}, func(err error) { done(ownership.Entry{}, err) })
 }
 
-// simBucket is the state bucket (journal.Bucket) of a node.
+// simBucket is the state bucket (journal.Bucket) of a node. It keeps
+// every value until it is replaced (the simulation runs for less than any
+// time to live: writes' TTLs are ignored).
 type simBucket struct{ n *node }
 
 func (b simBucket) GetAsync(key string, timeout time.Duration, done func([]byte, uint64, error)) {
@@ -313,7 +315,7 @@ func (b simBucket) GetAsync(key string, timeout time.Duration, done func([]byte,
 	}, func(err error) { done(nil, 0, err) })
 }
 
-func (b simBucket) UpdateAsync(key string, val []byte, rev uint64, timeout time.Duration, done func(uint64, error)) {
+func (b simBucket) UpdateAsync(key string, val []byte, rev uint64, _, timeout time.Duration, done func(uint64, error)) {
 	st := b.n.sim.state
 	b.n.request(st, timeout, true, func(uint64) func() {
 		if st.kvLastRev(key) != rev {
@@ -324,7 +326,7 @@ func (b simBucket) UpdateAsync(key string, val []byte, rev uint64, timeout time.
 	}, func(err error) { done(0, err) })
 }
 
-func (b simBucket) PutAsync(key string, val []byte, timeout time.Duration, done func(uint64, error)) {
+func (b simBucket) PutAsync(key string, val []byte, _, timeout time.Duration, done func(uint64, error)) {
 	st := b.n.sim.state
 	b.n.request(st, timeout, true, func(uint64) func() {
 		r := st.add(key, val, false)
@@ -376,7 +378,7 @@ func (b simBucket) GetManyAsyncFloor(ks []string, floorKey string, floor uint64,
 // simStream is the journal stream (journal.Stream) of a node.
 type simStream struct{ n *node }
 
-func (j simStream) Append(subj string, data []byte, last uint64, timeout time.Duration, done func(uint64, error)) {
+func (j simStream) Append(subj string, data []byte, last uint64, _, timeout time.Duration, done func(uint64, error)) {
 	st := j.n.sim.journal
 	data = slices.Clone(data)
 	j.n.request(st, timeout, true, func(uint64) func() {
@@ -392,7 +394,7 @@ func (j simStream) Append(subj string, data []byte, last uint64, timeout time.Du
 	}, func(err error) { done(0, err) })
 }
 
-func (j simStream) Publish(subj string, data []byte, timeout time.Duration, done func(uint64, error)) {
+func (j simStream) Publish(subj string, data []byte, _, timeout time.Duration, done func(uint64, error)) {
 	data = slices.Clone(data)
 	j.n.request(j.n.sim.journal, timeout, true, func(uint64) func() {
 		seq := j.n.sim.appendJournal(subj, data)

@@ -145,6 +145,7 @@ type backtest struct {
 	res     BacktestResult
 	firstUs int64 // t_us of the first record replayed
 	began   time.Time
+	failed  error // why the last consumer was given up
 }
 
 // errNoAnswer reports that the stream did not answer for cfg.Patience.
@@ -186,8 +187,12 @@ func noAnswer(err error) bool {
 
 // run reads the stream from the start (by time, or everything) to b.last,
 // with one ordered consumer as long as it works, and another one from the
-// message after the last read when it fails.
+// message after the last read when it fails. Consumers that fail before
+// delivering anything are replaced with a growing pause, and for at most
+// cfg.Patience in a row.
 func (b *backtest) run(ctx context.Context) error {
+	var failing time.Time // since when consumers fail without progress
+	pause := 50 * time.Millisecond
 	for {
 		occ := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, MaxResetAttempts: 5}
 		switch {
@@ -219,19 +224,35 @@ func (b *backtest) run(ctx context.Context) error {
 		if pending == 0 {
 			return nil // nothing stored since the start, or after the last message read
 		}
-		done, err := b.read(ctx, cons)
-		if done || err != nil {
+		from := b.res.LastSeq
+		done, stalled, err := b.read(ctx, cons)
+		switch {
+		case done || err != nil:
 			return err
+		case b.res.LastSeq != from || stalled: // waited long enough already
+			failing, pause = time.Time{}, 50*time.Millisecond
+			continue
+		case failing.IsZero():
+			failing = time.Now()
+		case time.Since(failing) > b.cfg.Patience:
+			return fmt.Errorf("consumer on %s: delivered nothing for %v: %v", b.name, b.cfg.Patience, b.failed)
 		}
+		if !sleepCtx(ctx, pause) {
+			return ctx.Err()
+		}
+		pause = min(2*pause, 2*time.Second)
 	}
 }
 
 // read replays what cons delivers until the end (done), or until the
-// consumer fails (not done, no error: the caller creates another).
-func (b *backtest) read(ctx context.Context, cons jetstream.Consumer) (done bool, err error) {
+// consumer fails or stalls (it delivered nothing for three waits while
+// something is left): then, not done and no error, the caller creates
+// another.
+func (b *backtest) read(ctx context.Context, cons jetstream.Consumer) (done, stalled bool, err error) {
 	it, err := cons.Messages(jetstream.PullMaxMessages(b.cfg.FetchSize))
 	if err != nil {
-		return false, nil
+		b.failed = err
+		return false, false, nil
 	}
 	stopped := make(chan struct{})
 	defer close(stopped)
@@ -248,28 +269,29 @@ func (b *backtest) read(ctx context.Context, cons jetstream.Consumer) (done bool
 		m, err := it.Next(jetstream.NextMaxWait(b.cfg.Wait))
 		switch {
 		case ctx.Err() != nil:
-			return true, ctx.Err()
+			return true, false, ctx.Err()
 		case errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded):
 			// Nothing for a while: finished if nothing is left up to the
 			// end; else wait on, and after a few waits take a new
 			// consumer (this one may be stuck on a server that lost it).
 			left, err := b.left(ctx)
 			if err != nil {
-				return true, err
+				return true, false, err
 			}
 			if !left {
-				return true, nil
+				return true, false, nil
 			}
 			if stalls++; stalls >= 3 {
-				return false, nil
+				return false, true, nil
 			}
 			continue
 		case err != nil:
-			return false, nil // the consumer failed: another one resumes
+			b.failed = err
+			return false, false, nil // the consumer failed: another one resumes
 		}
 		stalls = 0
 		if b.apply(m) {
-			return true, nil
+			return true, false, nil
 		}
 	}
 }

@@ -223,13 +223,11 @@ func (r *Replay) Apply(rec *usage.Record) {
 // suffix computes g's key suffix of d with p (one of its candidates).
 func (r *Replay) suffix(g *keyGroup, p *policies.Policy, d policies.Descriptor) {
 	full, err := p.AppendLimitKey(r.keyBuf[:0], d)
-	switch {
-	case err != nil:
+	if err != nil {
 		g.state = suffixMissing
 		return
-	case len(full) > 0:
-		r.keyBuf = full
 	}
+	r.keyBuf = full
 	rest := full[2+len(p.Name):]
 	if len(rest) >= 2 && rest[0] == '.' && rest[1] == '_' {
 		g.state = suffixLong

@@ -32,8 +32,10 @@ import (
 // oldest of them from above; it also counts the time a record waits in its
 // node before it is published (--usage-interval of serve, 250 ms by
 // default). bench watches one candidate's summary and takes that bound at
-// every write that evaluated more records than the previous one (the
-// writes during echo slices, when no decision is made, are not lag). Both
+// every write that evaluated more records than the previous one and is
+// followed by one that did too (the writes during echo slices, when no
+// decision is made, and the last write of each decide slice, when none
+// was made since last_us, measure idle time, not lag). Both
 // times are read from clocks of the deployment (the deciding node's and
 // the evaluator's; the same clock for the embedded node). After the last
 // slice, bench waits until the summaries count every decision of the run
@@ -73,7 +75,8 @@ type benchShadow struct {
 	done     chan struct{}
 
 	mu       sync.Mutex
-	lags     []time.Duration // updated_us - last_us at writes that evaluated more
+	lags     []time.Duration // updated_us - last_us at writes that evaluated more, followed by one that did too
+	pending  time.Duration   // the last such bound, until the next write says whether traffic went on
 	lastEval uint64
 }
 
@@ -102,7 +105,7 @@ func startBenchShadow(ctx context.Context, js jetstream.JetStream, prefix string
 	if n == 0 {
 		return nil, nil
 	}
-	b := &benchShadow{policies: policies, done: make(chan struct{})}
+	b := &benchShadow{policies: policies, done: make(chan struct{}), pending: -1}
 	for i := range n {
 		name := benchShadowName(plan.run, i)
 		if _, err := policies.Put(ctx, name, benchCandidateDoc(plan.run, i)); err != nil {
@@ -169,7 +172,10 @@ func (b *benchShadow) allSummaries(ctx context.Context) bool {
 }
 
 // sample takes the lag bound of one summary write of the watched
-// candidate, when it evaluated more records than the previous one.
+// candidate, when it evaluated more records than the previous one and the
+// next write does too. The last write of a slice that made progress is
+// left out: no decision came after its last_us, so updated_us - last_us
+// is the time since the slice ended, not a lag.
 func (b *benchShadow) sample(v []byte) {
 	var s shadow.Summary
 	if json.Unmarshal(v, &s) != nil {
@@ -178,10 +184,14 @@ func (b *benchShadow) sample(v []byte) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if s.Evaluated <= b.lastEval || s.LastUs == 0 || s.UpdatedUs == 0 {
+		b.pending = -1
 		return
 	}
 	b.lastEval = s.Evaluated
-	b.lags = append(b.lags, time.Duration(max(0, s.UpdatedUs-s.LastUs))*time.Microsecond)
+	if b.pending >= 0 {
+		b.lags = append(b.lags, b.pending)
+	}
+	b.pending = time.Duration(max(0, s.UpdatedUs-s.LastUs)) * time.Microsecond
 }
 
 // finish waits (at most a minute) until the watched candidate's summary

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -15,7 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/limitmesh/limitmesh/mesh"
+	"github.com/limitmesh/limitmesh/policies"
 	"github.com/limitmesh/limitmesh/shadow"
+	"github.com/limitmesh/limitmesh/usage"
 )
 
 // overheadCandidates are ten candidates on the traffic of
@@ -195,4 +198,146 @@ func envDuration(name string, def time.Duration) time.Duration {
 		return time.Duration(n)
 	}
 	return def
+}
+
+// BenchmarkShadowEvaluatorVsDecide: how many times the node's strict
+// decision rate the shadow evaluator can evaluate with ten candidates,
+// both measured in one process, alternating, so that they see the same
+// machine: a slice of decide load on a node (as in
+// BenchmarkShadowCandidatesOverhead, without candidates), then an
+// evaluator of an installation of its own (prefix ev<k>) catching up on
+// SHADOW_RECORDS records (default 100,000, batches of 500, over the same
+// 50 x 200 keys, published before) with the ten candidates, each record
+// evaluated by all ten; SHADOW_ROUNDS times (default 4). It reports the
+// decisions per second, the records evaluated per second and their ratio.
+func BenchmarkShadowEvaluatorVsDecide(b *testing.B) {
+	slice := envDuration("SHADOW_SLICE", 2*time.Second)
+	rounds := int(envDuration("SHADOW_ROUNDS", 4))
+	nrec := int(envDuration("SHADOW_RECORDS", 100_000))
+	e := server(b, b.TempDir())
+	tn := startNode(b, e, mesh.NodeConfig{})
+	rev := putPolicy(b, tn.nc, "rl_policies", "live",
+		`{"match": {"tenant": "*"}, "key": ["tenant", "user"], "limits": [{"algorithm": "token_bucket", "rate": "100/s", "burst": 50}]}`)
+	waitApplied(b, "live", rev, tn)
+	js, _ := jetstream.New(tn.nc)
+
+	var done atomic.Int64
+	var loadOn atomic.Bool
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := range 4 {
+		nc := connect(b, e)
+		for w := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if !loadOn.Load() {
+						time.Sleep(5 * time.Millisecond)
+						continue
+					}
+					k := (i*16+w)*4 + c
+					body := fmt.Appendf(nil, `{"descriptor":{"tenant":"t%d","user":"u%d"}}`, k%50, (k/50)%200)
+					m, err := nc.Request("rl.v1.decide", body, testTimeout)
+					if err == nil && m.Header.Get("Nats-Service-Error-Code") == "" {
+						done.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	// The records of the catch-up: t_us 100 µs apart, live results as
+	// the node would give them (all admitted).
+	start := time.Now().Add(-time.Hour).UnixMicro()
+	recs := make([]usage.Record, nrec)
+	for i := range recs {
+		d, _ := policies.NewDescriptor([]policies.Dim{{Name: "tenant", Value: fmt.Sprintf("t%d", i%50)}, {Name: "user", Value: fmt.Sprintf("u%d", (i/50)%200)}})
+		recs[i] = usage.Record{ID: fmt.Sprintf("b.%d", i), TimeUs: start + int64(i)*100, Descriptor: d, Cost: 1_000_000,
+			Allowed: true, Key: "p.live.x", Revision: 1}
+	}
+	catchUp := func(k int) float64 {
+		prefix := fmt.Sprintf("ev%d", k)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if _, err := usage.EnsureStream(ctx, js, usage.StreamConfig{Prefix: prefix}); err != nil {
+			b.Fatal(err)
+		}
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: prefix + "_policies", History: 16})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i, doc := range overheadCandidates {
+			if _, err := kv.Put(ctx, fmt.Sprintf("cand-%d", i), []byte(doc)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for i := 0; i < len(recs); i += 500 {
+			body := usage.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "live", Records: recs[i:min(i+500, len(recs))]})
+			if _, err := js.Publish(ctx, usage.Subject(prefix, "live"), body); err != nil {
+				b.Fatal(err)
+			}
+		}
+		ev, err := shadow.NewEvaluator(js, shadow.Config{Prefix: prefix, NodeID: "bench", FlushInterval: 100 * time.Millisecond})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ectx, stopEv := context.WithCancel(ctx)
+		evDone := make(chan error, 1)
+		began := time.Now()
+		go func() { evDone <- ev.Run(ectx) }()
+		want := uint64(len(recs) * len(overheadCandidates))
+		waitWithin(b, 5*time.Minute, "the evaluator to catch up", func() bool {
+			skv, err := js.KeyValue(ctx, shadow.Bucket(prefix))
+			if err != nil {
+				return false
+			}
+			var n uint64
+			for i := range overheadCandidates {
+				e, err := skv.Get(ctx, fmt.Sprintf("cand-%d", i))
+				if err != nil {
+					return false
+				}
+				var s shadow.Summary
+				if json.Unmarshal(e.Value(), &s) == nil {
+					n += s.Evaluated
+				}
+			}
+			return n == want
+		})
+		rate := float64(len(recs)) / time.Since(began).Seconds()
+		stopEv()
+		<-evDone
+		return rate
+	}
+
+	// Warm-up: the node's first decisions of each key create its state.
+	loadOn.Store(true)
+	time.Sleep(2 * slice)
+	var decideRates, evalRates []float64
+	b.ResetTimer()
+	for k := range rounds * b.N {
+		loadOn.Store(true)
+		time.Sleep(slice / 4)
+		n0, t0 := done.Load(), time.Now()
+		time.Sleep(slice)
+		decideRates = append(decideRates, float64(done.Load()-n0)/time.Since(t0).Seconds())
+		loadOn.Store(false)
+		evalRates = append(evalRates, catchUp(k))
+	}
+	b.StopTimer()
+	ratios := make([]float64, len(evalRates))
+	for i := range ratios {
+		ratios[i] = evalRates[i] / decideRates[i]
+	}
+	slices.Sort(ratios)
+	b.ReportMetric(ratios[len(ratios)/2], "median-ratio")
+	b.ReportMetric(ratios[0], "min-ratio")
+	b.Logf("decisions/s %.0f\nrecords/s   %.0f", decideRates, evalRates)
 }

@@ -114,6 +114,7 @@ type benchConfig struct {
 	quiet        bool
 	verbose      bool
 	cpuProfile   string
+	candidates   int // shadow candidates on the run's descriptors (bench_shadow.go)
 }
 
 func benchFlags(s stdio) (*benchConfig, func([]string) error) {
@@ -133,6 +134,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.StringVar(&c.rate, "rate", "1000/s", "token_bucket rate of each key (N/s, N/m, N/h or N/d)")
 	fs.StringVar(&c.burst, "burst", "100", "token_bucket burst of each key")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the results as one JSON object on the last line")
+	fs.IntVar(&c.candidates, "candidates", 0, "shadow candidates to put on the run's descriptors; the shadow evaluation's lag is reported")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	fs.BoolVar(&c.verbose, "v", false, "log what the embedded node does")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the decide phase (this process: the embedded node too) to `file`; "+
@@ -184,6 +186,8 @@ func (c *benchConfig) validate() error {
 		return fmt.Errorf("--keys %d: must be 1..100000000", c.keys)
 	case c.cf.timeout <= 0:
 		return errors.New("--timeout must be positive")
+	case c.candidates < 0 || c.candidates > maxBenchCandidates:
+		return fmt.Errorf("--candidates %d: must be 0..%d", c.candidates, maxBenchCandidates)
 	}
 	switch c.mode {
 	case "strict", "async", "local":
@@ -331,6 +335,12 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 		return err
 	}
 
+	sh, err := startBenchShadow(ctx, js, c.cf.prefix, kv, c.candidates, plan, progress)
+	if err != nil {
+		return err
+	}
+	cleanup = append(cleanup, sh.remove)
+
 	// The echo responder: on a connection of its own, in a queue group,
 	// answering with a payload as large as a decision reply.
 	echoConn, err := connect("limitmesh-bench-echo")
@@ -375,7 +385,9 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 		return err
 	}
 	rep := r.report(echo.result(), decide.result(), tally)
+	rep.Shadow = sh.finish(ctx, rep.Decisions, progress)
 	rep.print(s.out, c, plan)
+	rep.Shadow.print(s.out)
 	if c.jsonOut {
 		b, _ := json.Marshal(rep)
 		fmt.Fprintln(s.out, string(b))
@@ -1056,6 +1068,8 @@ type benchReport struct {
 	Overshoot      float64 `json:"overshoot"`
 	OvershootKeys  int     `json:"overshoot_keys"`
 	OvershootMicro int64   `json:"-"`
+	// Shadow is set with --candidates (bench_shadow.go).
+	Shadow *benchShadowReport `json:"shadow,omitempty"`
 }
 
 func (r *benchRun) report(echo, decide *phaseResult, tally []keyTally) *benchReport {

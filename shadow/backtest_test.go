@@ -2,6 +2,8 @@ package shadow
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,5 +71,62 @@ func TestBacktestMatchesLive(t *testing.T) {
 
 	if _, err := Backtest(ctx, js, p, BacktestConfig{Prefix: "other"}); err == nil {
 		t.Error("a backtest of an installation without a usage stream succeeded")
+	}
+}
+
+// TestBacktestWaitsAndResumes: reading one message at a time with a wait
+// of a microsecond, the backtest stalls again and again and takes new
+// consumers after the last message it read, while a publisher goes on
+// adding messages; it still ends, having replayed every message up to the
+// stream's last at its start (or later) exactly once: its counts equal a
+// replay of those records.
+func TestBacktestWaitsAndResumes(t *testing.T) {
+	s := startServer(t)
+	_, js := connectJS(t, s)
+	kv := installation(t, js, "rl")
+	cands := putCandidates(t, kv)
+	recs := genStream(t, 3000, 6)
+	stream := publishBatches(t, js, "rl", "n1", recs[:2000], 20, livePolicyOf)
+	more := make(chan []usage.Record, 1)
+	go func() { more <- publishBatches(t, js, "rl", "n1", recs[2000:], 20, livePolicyOf) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*waitLimit)
+	defer cancel()
+	got, err := Backtest(ctx, js, cands[1], BacktestConfig{Prefix: "rl", FetchSize: 1, Wait: time.Microsecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream = append(stream, <-more...)
+	if got.Records < 2000 || got.Records > uint64(len(stream)) || got.FirstSeq != 1 || got.Messages != got.LastSeq {
+		t.Fatalf("replayed %+v of %d records", got, len(stream))
+	}
+	want := expected(cands[1:2], stream[:got.Records])[cands[1].Name]
+	if jsonString(got.Summary) != jsonString(want) {
+		t.Errorf("backtest\n%s\nreplay of its records\n%s", jsonString(got.Summary), jsonString(want))
+	}
+}
+
+// TestBacktestGivesUp: a backtest against a server that is gone ends with
+// an error once the stream has not answered for its patience; one whose
+// context ends returns the context's error.
+func TestBacktestGivesUp(t *testing.T) {
+	s := startServer(t)
+	_, js := connectJS(t, s)
+	installation(t, js, "rl")
+	publishBatches(t, js, "rl", "n1", genStream(t, 100, 7), 20, livePolicyOf)
+	p := mustPolicy(t, "what-if", 0, `{"match": {"tenant": "*"}, "limits": [{"algorithm": "fixed_window", "limit": 100, "window": "1s"}]}`)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Backtest(ctx, js, p, BacktestConfig{Prefix: "rl"}); !errors.Is(err, context.Canceled) {
+		t.Errorf("a cancelled backtest: %v", err)
+	}
+
+	s.Shutdown()
+	s.WaitForShutdown()
+	ctx, cancel = context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	_, err := Backtest(ctx, js, p, BacktestConfig{Prefix: "rl", Patience: 300 * time.Millisecond})
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "no answer") {
+		t.Errorf("a backtest without a server: %v", err)
 	}
 }

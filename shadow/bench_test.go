@@ -60,19 +60,23 @@ func benchRecords(b testing.TB, n int) []usage.Record {
 }
 
 // BenchmarkReplayTenCandidates: records evaluated per second by the pure
-// core with ten candidates (each record decided by about seven of them).
+// core with ten candidates (each record decided by about seven of them),
+// and the process's CPU time per record (steadier than the rate on a
+// shared machine).
 func BenchmarkReplayTenCandidates(b *testing.B) {
 	recs := benchRecords(b, 200_000)
 	r := NewReplay(Options{})
 	r.SetCandidates(tenCandidates(b))
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := cpuTime()
 	for i := 0; i < b.N; i++ {
 		rec := recs[i%len(recs)]
 		rec.TimeUs += int64(i/len(recs)) * 60_000_000
 		r.Apply(&rec)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/record")
 }
 
 // BenchmarkDecodeReplayTenCandidates: what the evaluator does per usage
@@ -88,6 +92,7 @@ func BenchmarkDecodeReplayTenCandidates(b *testing.B) {
 	r.SetCandidates(tenCandidates(b))
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := cpuTime()
 	n := 0
 	for i := 0; n < b.N; i++ {
 		batch, err := usage.DecodeBatch(msgs[i%len(msgs)])
@@ -102,6 +107,7 @@ func BenchmarkDecodeReplayTenCandidates(b *testing.B) {
 		n += len(batch.Records)
 	}
 	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "records/s")
+	b.ReportMetric(float64(cpuTime()-cpu0)/float64(n), "cpu-ns/record")
 }
 
 // BenchmarkBacktest: a backtest through a real server's stream of 200,000

@@ -283,10 +283,11 @@ func (d *ckptDecoder) candidate(opt Options) *candidate {
 	for i := 0; i < nk && d.err == nil; i++ {
 		ks := &keyState{key: string(d.bytes("key", maxCkptKey))}
 		d.keyState(ks)
-		if d.err == nil && c.keys[ks.key] != nil {
+		idx := keyIndex(c.sum.Policy, ks.key)
+		if d.err == nil && c.keys[idx] != nil {
 			d.fail("key %q twice", ks.key)
 		}
-		c.keys[ks.key] = ks
+		c.keys[idx] = ks
 	}
 	return c
 }

@@ -23,6 +23,13 @@ const (
 	DefaultLease              = 3 * time.Second
 	DefaultFlushInterval      = time.Second
 	DefaultCheckpointInterval = time.Second
+	// MaxCheckpointSpacing bounds how long checkpoints that are costly
+	// to write are spaced (see Config.CheckpointInterval).
+	MaxCheckpointSpacing = 10 * time.Second
+	// checkpointCostFactor spaces checkpoints at least this many times
+	// as long as the previous one took: checkpointing takes at most
+	// about 2% of the evaluator's time.
+	checkpointCostFactor = 50
 )
 
 // Config configures an [Evaluator].
@@ -41,8 +48,12 @@ type Config struct {
 	// at most) 1 s.
 	FlushInterval time.Duration
 	// CheckpointInterval is how often the state is checkpointed (and the
-	// stream acknowledged); a takeover replays at most about this much of
-	// the stream again. Default 1 s.
+	// stream acknowledged) while checkpoints are cheap; a checkpoint
+	// (which holds every key of every candidate) that took d to encode
+	// and write delays the next one to at least 50 d after it, up to
+	// MaxCheckpointSpacing (or CheckpointInterval when that is longer).
+	// A takeover replays about that much of the stream again. Default
+	// 1 s.
 	CheckpointInterval time.Duration
 	// Options bound the evaluation's memory (see [Options]).
 	Options Options
@@ -74,7 +85,8 @@ var prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 //     FlushInterval, and deletes the summaries of names that are no
 //     longer candidates;
 //   - checkpoints the Replay with the last applied sequence every
-//     CheckpointInterval, then acknowledges the stream up to it.
+//     CheckpointInterval (less often when checkpoints are costly), then
+//     acknowledges the stream up to it.
 //
 // A takeover therefore resumes from the last checkpoint: the messages after
 // it are applied again by the new evaluator, from the same state, and none
@@ -184,18 +196,23 @@ type session struct {
 	// the write's outcome comes back on written.
 	writing bool
 	written chan written
-	buf     []byte // the last checkpoint's buffer, reused
-	lastMsg jetstream.Msg
-	lagFrom time.Time // stream time of the last message applied while more waited
+	// notBefore is when the next checkpoint may start, after the cost of
+	// the last one.
+	notBefore time.Time
+	buf       []byte // the last checkpoint's buffer, reused
+	lastMsg   jetstream.Msg
+	lagFrom   time.Time // stream time of the last message applied while more waited
 }
 
 // written is the outcome of one checkpoint write.
 type written struct {
-	seq  uint64
-	msg  jetstream.Msg // the last message it covers, to acknowledge
-	buf  []byte
-	took time.Duration
-	err  error
+	seq     uint64
+	msg     jetstream.Msg // the last message it covers, to acknowledge
+	buf     []byte
+	started time.Time     // when its encoding began
+	encoded time.Duration // the encoding's time (the evaluation waits meanwhile)
+	took    time.Duration // the write's time
+	err     error
 }
 
 // lead is the job of the active evaluator.
@@ -290,8 +307,10 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 			if err := s.flush(ctx); err != nil {
 				return err
 			}
-		case <-ckpt.C:
-			s.startCheckpoint(ctx)
+		case now := <-ckpt.C:
+			if !now.Before(s.notBefore) {
+				s.startCheckpoint(ctx)
+			}
 		case w := <-s.written:
 			if err := s.checkpointed(w); err != nil {
 				return err
@@ -469,13 +488,15 @@ func (s *session) startCheckpoint(ctx context.Context) {
 		return
 	}
 	var sums []Summary
+	started := time.Now()
 	s.buf, sums = s.p.appendCheckpoint(s.buf[:0], s.applied)
+	encoded := time.Since(started)
 	// The metrics include whatever a checkpoint holds, so that a restore
 	// of it in this process does not count its records again.
 	for _, sum := range sums {
 		s.e.counted[sum.Policy] = s.e.m.add(s.e.counted[sum.Policy], &sum)
 	}
-	w := written{seq: s.applied, msg: s.lastMsg, buf: s.buf}
+	w := written{seq: s.applied, msg: s.lastMsg, buf: s.buf, started: started, encoded: encoded}
 	s.writing, s.dirty, s.buf, s.lastMsg = true, false, nil, nil
 	go func() {
 		began := time.Now()
@@ -508,11 +529,14 @@ func (s *session) checkpointed(w written) error {
 	s.e.m.checkpoints.WithLabelValues("ok").Inc()
 	s.e.m.ckptBytes.Set(float64(len(w.buf)))
 	s.ckptSeq = w.seq
+	spacing := min(checkpointCostFactor*(w.encoded+w.took), max(MaxCheckpointSpacing, s.e.cfg.CheckpointInterval))
+	s.notBefore = w.started.Add(spacing)
 	if w.msg != nil {
 		w.msg.Ack() // acknowledge-all: everything up to it
 	}
-	if w.took > s.e.cfg.CheckpointInterval {
-		s.e.log.Debug("shadow: slow checkpoint", "bytes", len(w.buf), "took", w.took)
+	if spacing > s.e.cfg.CheckpointInterval {
+		s.e.log.Debug("shadow: costly checkpoint; the next one waits", "bytes", len(w.buf),
+			"encoded", w.encoded, "written", w.took, "next_after", spacing)
 	}
 	return nil
 }

@@ -26,15 +26,19 @@ var limitDocs = []string{
 	`{"algorithm": "token_bucket", "rate": "0.5/s", "burst": 1.5}`,
 }
 
+// dimValues are the descriptor values of the generated records. The long
+// user value escapes to 204 bytes: its limit keys are in the literal form
+// under a short candidate name and in the digest form under a long one
+// (over policies.MaxKeyLen bytes).
 var dimValues = map[string][]string{
 	"tenant": {"acme", "birch", "cedar"},
 	"op":     {"search", "write"},
-	"user":   {"u1", "u2", "u3", "u4", "u5", "u6"},
+	"user":   {"u1", "u2", "u3", "u4", "u5", "u6", strings.Repeat("a", 90) + strings.Repeat(".", 38)},
 }
 
 var dimNames = []string{"op", "tenant", "user"}
 
-// genCandidates draws 1..4 candidate policies.
+// genCandidates draws 1..4 candidate policies, some with long names.
 func genCandidates(t *rapid.T) []*policies.Policy {
 	n := rapid.IntRange(1, 4).Draw(t, "candidates")
 	out := make([]*policies.Policy, 0, n)
@@ -59,7 +63,8 @@ func genCandidates(t *rapid.T) []*policies.Policy {
 		}
 		doc := fmt.Sprintf(`{"match": {%s}, "key": [%s], "limits": [%s], "shadow": true}`,
 			strings.Join(match, ","), strings.Join(key, ","), strings.Join(limits, ","))
-		p, err := policies.Parse(fmt.Sprintf("cand-%d", i), []byte(doc))
+		name := fmt.Sprintf("cand-%d", i) + rapid.SampledFrom([]string{"", "", "-" + strings.Repeat("x", 40)}).Draw(t, "name")
+		p, err := policies.Parse(name, []byte(doc))
 		if err != nil {
 			t.Fatalf("generated %s: %v", doc, err)
 		}

@@ -65,11 +65,34 @@ type Replay struct {
 	opt    Options
 	cands  []*candidate // by name
 	keyBuf []byte
+	// groups are the distinct key-dimension lists of the candidates: a
+	// record's key suffix is computed once per group (see keyIndex).
+	groups []keyGroup
 }
+
+// keyGroup is one key-dimension list and, during Apply, the key suffix of
+// the record under it.
+type keyGroup struct {
+	dims   []string
+	state  suffixState
+	suffix []byte
+}
+
+// suffixState says what a keyGroup's suffix holds for the record being
+// applied.
+type suffixState uint8
+
+const (
+	suffixUnknown suffixState = iota // not computed yet
+	suffixOK                         // the literal key after "p.<name>"
+	suffixMissing                    // the descriptor lacks a key dimension
+	suffixLong                       // the literal key is long: each candidate computes its own
+)
 
 // candidate is one candidate revision under evaluation.
 type candidate struct {
 	p       *policies.Policy
+	group   int // index of its key-dimension list in Replay.groups
 	limits  []kvstate.Limit
 	sum     Summary // counts; TopDenied, Series and Keys are filled on output
 	keys    map[string]*keyState
@@ -83,7 +106,7 @@ type candidate struct {
 // keyState is one limit key's state under a candidate and the would-be
 // denials it has seen since it was created.
 type keyState struct {
-	key    string
+	key    string // the limit key, in full
 	states []kvstate.State
 	denied uint64
 }
@@ -111,6 +134,29 @@ func (r *Replay) SetCandidates(ps []*policies.Policy) {
 		r.cands = append(r.cands, r.newCandidate(p))
 	}
 	slices.SortFunc(r.cands, func(a, b *candidate) int { return strings.Compare(a.p.Name, b.p.Name) })
+	r.groups = r.groups[:0]
+	for _, c := range r.cands {
+		c.group = slices.IndexFunc(r.groups, func(g keyGroup) bool { return slices.Equal(g.dims, c.p.Key) })
+		if c.group < 0 {
+			c.group = len(r.groups)
+			r.groups = append(r.groups, keyGroup{dims: c.p.Key})
+		}
+	}
+}
+
+// keyIndex returns the index of a candidate's keys map under which the
+// state of its limit key full is kept: the part after "p.<name>" when full
+// is in the literal form (the same for every candidate keyed on the same
+// dimensions, and unique within the candidate, since its keys all start
+// with "p.<name>"), else (the digest form) full itself. The two never
+// collide: a suffix is "" or starts with "." and a dimension name, a full
+// key starts with "p.".
+func keyIndex(name, full string) string {
+	rest, ok := strings.CutPrefix(full, "p."+name)
+	if !ok || strings.HasPrefix(rest, "._") {
+		return full
+	}
+	return rest
 }
 
 func findCandidate(cs []*candidate, name string) *candidate {
@@ -141,23 +187,67 @@ func (r *Replay) newCandidate(p *policies.Policy) *candidate {
 // usage.DecodeBatch returns it) and rec.Cost > 0.
 func (r *Replay) Apply(rec *usage.Record) {
 	now := usToNs(rec.TimeUs)
+	for i := range r.groups {
+		r.groups[i].state = suffixUnknown
+	}
 	for _, c := range r.cands {
 		if !matches(c.p, rec.Descriptor) {
 			continue
 		}
-		key, err := c.p.AppendLimitKey(r.keyBuf[:0], rec.Descriptor)
-		if err != nil {
+		g := &r.groups[c.group]
+		if g.state == suffixUnknown {
+			r.suffix(g, c.p, rec.Descriptor)
+		}
+		var idx []byte
+		switch {
+		case g.state == suffixMissing:
 			c.sum.Skipped++
 			continue
+		case g.state == suffixOK && 2+len(c.p.Name)+len(g.suffix) <= policies.MaxKeyLen:
+			idx = g.suffix
+		default: // a long key: the digest form for some candidates
+			full, err := c.p.AppendLimitKey(r.keyBuf[:0], rec.Descriptor)
+			if err != nil {
+				c.sum.Skipped++
+				continue
+			}
+			r.keyBuf, idx = full, full
+			if rest := full[2+len(c.p.Name):]; len(rest) < 2 || rest[1] != '_' {
+				idx = rest // the literal form, as keyIndex
+			}
 		}
-		r.keyBuf = key
-		c.apply(r.opt.MaxKeys, key, rec, now)
+		c.apply(r.opt.MaxKeys, idx, rec, now)
 	}
 }
 
-// apply decides rec against key's state and counts the outcome.
-func (c *candidate) apply(maxKeys int, key []byte, rec *usage.Record, now int64) {
-	ks := c.keys[string(key)]
+// suffix computes g's key suffix of d with p (one of its candidates).
+func (r *Replay) suffix(g *keyGroup, p *policies.Policy, d policies.Descriptor) {
+	full, err := p.AppendLimitKey(r.keyBuf[:0], d)
+	if err != nil {
+		g.state = suffixMissing
+		return
+	}
+	r.keyBuf = full
+	rest := full[2+len(p.Name):]
+	if len(rest) >= 2 && rest[0] == '.' && rest[1] == '_' {
+		g.state = suffixLong
+		return
+	}
+	g.suffix, g.state = append(g.suffix[:0], rest...), suffixOK
+}
+
+// fullKey returns the limit key of the keys-map index idx (see keyIndex).
+func (c *candidate) fullKey(idx []byte) string {
+	if len(idx) > 0 && idx[0] != '.' {
+		return string(idx)
+	}
+	return "p." + c.p.Name + string(idx)
+}
+
+// apply decides rec against the state of the key with index idx (see
+// keyIndex) and counts the outcome.
+func (c *candidate) apply(maxKeys int, idx []byte, rec *usage.Record, now int64) {
+	ks := c.keys[string(idx)]
 	overflow := false
 	if ks == nil {
 		if len(c.keys) >= maxKeys && now >= c.sweepAt {
@@ -165,8 +255,8 @@ func (c *candidate) apply(maxKeys int, key []byte, rec *usage.Record, now int64)
 			c.sweepAt = satAddNs(now, kvstate.Second)
 		}
 		if len(c.keys) < maxKeys {
-			ks = &keyState{key: string(key)}
-			c.keys[ks.key] = ks
+			ks = &keyState{key: c.fullKey(idx)}
+			c.keys[string(idx)] = ks
 		} else {
 			ks, overflow = &c.over, true
 		}

@@ -112,6 +112,7 @@ type benchConfig struct {
 	quiet        bool
 	verbose      bool
 	cpuProfile   string
+	usage        bool // the embedded node publishes usage records (NoUsage when false)
 }
 
 func benchFlags(s stdio) (*benchConfig, func([]string) error) {
@@ -135,6 +136,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.BoolVar(&c.verbose, "v", false, "log what the embedded node does")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the decide phase (this process: the embedded node too) to `file`; "+
 		"pprof cannot pause, so with --rounds > 1 it also covers the echo slices between the first and the last decide slice")
+	fs.BoolVar(&c.usage, "usage", true, "the embedded node publishes usage records and keeps the ledger (false: usage off, to compare)")
 	fs.Usage = func() {
 		fmt.Fprintln(s.err, "usage: limitmesh bench [--nats-url URL] [--duration 10s] [--concurrency 64] [--keys 10000] [--zipf 1.1] [--mode strict] [--json]")
 		fmt.Fprintln(s.err, "Without --nats-url, bench starts an embedded node in this process.")
@@ -182,6 +184,8 @@ func (c *benchConfig) validate() error {
 		return fmt.Errorf("--keys %d: must be 1..100000000", c.keys)
 	case c.cf.timeout <= 0:
 		return errors.New("--timeout must be positive")
+	case c.external && !c.usage:
+		return errors.New("--usage=false configures the embedded node; a deployment at --nats-url has its own --usage")
 	}
 	switch c.mode {
 	case "strict", "async", "local":
@@ -373,6 +377,7 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 		return err
 	}
 	rep := r.report(echo.result(), decide.result(), tally)
+	rep.UsageLagMs, rep.UsagePending, rep.usageNote = measureUsageLag(ctx, js, c)
 	rep.print(s.out, c, plan)
 	if c.jsonOut {
 		b, _ := json.Marshal(rep)
@@ -500,7 +505,7 @@ func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (*mesh.
 		return nil, nil, err
 	}
 	undo = append(undo, nodeConn.Close)
-	node, err := mesh.NewNode(nodeConn, mesh.NodeConfig{Prefix: c.cf.prefix, Logger: log})
+	node, err := mesh.NewNode(nodeConn, mesh.NodeConfig{Prefix: c.cf.prefix, Logger: log, NoUsage: !c.usage})
 	if err != nil {
 		stop()
 		return nil, nil, err
@@ -1052,6 +1057,11 @@ type benchReport struct {
 	Overshoot      float64 `json:"overshoot"`
 	OvershootKeys  int     `json:"overshoot_keys"`
 	OvershootMicro int64   `json:"-"`
+	// The ledger's lag at the end of the run (bench_usage.go); null when
+	// it was not measured.
+	UsageLagMs   *float64 `json:"usage_lag_ms"`
+	UsagePending *uint64  `json:"usage_pending"`
+	usageNote    string
 }
 
 func (r *benchRun) report(echo, decide *phaseResult, tally []keyTally) *benchReport {
@@ -1126,6 +1136,7 @@ func (rep *benchReport) print(w io.Writer, c *benchConfig, plan *benchPlan) {
 		rep.Errors-rep.Timeouts-rep.Unavailable-rep.Unmatched)
 	fmt.Fprintf(w, "overshoot: %s units on %d of %d keys with admissions (allowed: burst + rate x span per key)\n",
 		formatUnits(rep.OvershootMicro), rep.OvershootKeys, rep.KeysAdmitted)
+	rep.printUsageLag(w)
 }
 
 // formatUnits formats micro-units as a decimal number of units.

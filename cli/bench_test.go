@@ -84,10 +84,35 @@ func TestBenchEmbeddedStrict(t *testing.T) {
 	if num(t, m, "keys") != 50 || num(t, m, "concurrency") != 8 {
 		t.Errorf("flags not reported: %v", m)
 	}
-	for _, want := range []string{"raw NATS echo", "decide", "overshoot"} {
+	for _, want := range []string{"raw NATS echo", "decide", "overshoot", "usage lag: "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
+	}
+	if lag, pending := num(t, m, "usage_lag_ms"), num(t, m, "usage_pending"); lag < 0 || pending < 0 || (pending == 0) != (lag == 0) {
+		t.Errorf("usage_lag_ms %v with %v batches pending: want both 0 or both positive", lag, pending)
+	}
+}
+
+// TestBenchUsageOff: --usage=false runs the embedded node without usage
+// records; the lag is reported as off (null in --json). With --nats-url
+// the flag is refused: it configures the embedded node only.
+func TestBenchUsageOff(t *testing.T) {
+	code, m, out, errOut := benchJSON(t, "--usage=false", "--duration", "200ms", "--echo-duration", "200ms",
+		"--keys", "20", "--concurrency", "4", "--conns", "1")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	checkRun(t, m)
+	if v, ok := m["usage_lag_ms"]; !ok || v != nil {
+		t.Errorf("usage_lag_ms = %v (present %v), want null", v, ok)
+	}
+	if !strings.Contains(out, "usage lag: off (--usage=false)") {
+		t.Errorf("report does not say usage is off:\n%s", out)
+	}
+	code, _, errOut = run(t, nil, "bench", "--usage=false", "--nats-url", "nats://127.0.0.1:1")
+	if code != 2 || !strings.Contains(errOut, "--usage=false") {
+		t.Errorf("--usage=false with --nats-url: exit %d, stderr %q; want 2 naming the flag", code, errOut)
 	}
 }
 
@@ -171,6 +196,10 @@ func TestBenchHotKeyAgainstServe(t *testing.T) {
 	}
 	if num(t, m, "keys_admitted") != 1 {
 		t.Errorf("keys_admitted = %v, want 1", m["keys_admitted"])
+	}
+	// The deployment's usage stream (prefix hot) is measured.
+	if lag := num(t, m, "usage_lag_ms"); lag < 0 {
+		t.Errorf("usage_lag_ms = %v", lag)
 	}
 
 	// The run's policy is gone afterwards.

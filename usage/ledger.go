@@ -259,6 +259,7 @@ type ledgerMetrics struct {
 	duplicate   prometheus.Counter
 	corrupt     prometheus.Counter
 	corrections *prometheus.CounterVec
+	checks      *prometheus.CounterVec
 }
 
 func newLedgerMetrics(reg prometheus.Registerer) (*ledgerMetrics, error) {
@@ -285,9 +286,13 @@ func newLedgerMetrics(reg prometheus.Registerer) (*ledgerMetrics, error) {
 			Name: "limitmesh_reconcile_corrections_total",
 			Help: "Differences found between the ledger and the limiter's quota state, by policy.",
 		}, []string{"policy"}),
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitmesh_reconcile_checks_total",
+			Help: "Comparisons of a key's quota limit with the ledger, by policy (each difference is also a correction).",
+		}, []string{"policy"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.lag, m.invalid, records, m.corrupt, m.corrections} {
+		for _, c := range []prometheus.Collector{m.lag, m.invalid, records, m.corrupt, m.corrections, m.checks} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("%w: %w", errRegister, err)
 			}

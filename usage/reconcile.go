@@ -138,8 +138,10 @@ func (s *session) compare(ctx context.Context, c reconcileCheck) bool {
 			ledger += v + e.pendA
 		}
 		r.m.checks.WithLabelValues(c.pk.policy).Inc()
+		// The policy's correction count exists (0) once it was compared.
+		corrections := r.m.corrections.WithLabelValues(c.pk.policy)
 		if !exact || ledger != spent {
-			r.m.corrections.WithLabelValues(c.pk.policy).Inc()
+			corrections.Inc()
 			r.log.Debug("ledger and quota state differ", "policy", c.pk.policy, "key", c.pk.key,
 				"limit", q.Name, "period", q.Period, "ledger_units", FormatMicro(ledger), "state_units", FormatMicro(spent))
 		}

@@ -43,10 +43,12 @@ type ReconcilerConfig struct {
 	Settle time.Duration
 
 	// A group of messages is applied in memory and written to the ledger
-	// once (each changed entry one write): when the stream has no more
-	// messages for now, when it holds MaxGroup messages or MaxGroupRecords
-	// records, or GroupInterval after it started, whichever comes first.
-	// The larger the group, the fewer writes per record while catching up.
+	// once (each changed entry one write): when it holds MaxGroup messages
+	// or MaxGroupRecords records, or GroupInterval after it started,
+	// whichever comes first; and sooner when the stream has no more
+	// messages for now and the group changed at most 256 entries. The
+	// larger the group, the fewer writes per record: under load a key
+	// costs two writes (its day and month) per GroupInterval.
 	MaxGroup         int           // default 1024 messages
 	MaxGroupRecords  int           // default 500,000 records
 	GroupInterval    time.Duration // default 1 s

@@ -378,6 +378,7 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	}
 	rep := r.report(echo.result(), decide.result(), tally)
 	rep.UsageLagMs, rep.UsagePending, rep.usageNote = measureUsageLag(ctx, js, c)
+	rep.CPUPerDecisionUs, rep.EchoCPUPerRequestUs = cpuPer(decide.cpu, rep.Decisions), cpuPer(echo.cpu, rep.EchoRequests)
 	rep.print(s.out, c, plan)
 	if c.jsonOut {
 		b, _ := json.Marshal(rep)
@@ -648,6 +649,7 @@ type phase struct {
 	tally   []keyTally // nil: the echo phase (replies are not parsed)
 	workers []*worker
 	elapsed time.Duration // summed over the slices run so far
+	cpu     time.Duration // CPU time of this process during the slices (bench_cpu.go)
 }
 
 // newPhase makes --concurrency workers against subject, spread over the
@@ -687,7 +689,7 @@ func (p *phase) sum() (done, errs int64) {
 func (r *benchRun) runSlice(ctx context.Context, p *phase, sl benchSlice) error {
 	var stop atomic.Bool
 	var wg sync.WaitGroup
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	for _, w := range p.workers {
 		wg.Add(1)
 		go func() {
@@ -723,6 +725,7 @@ wait:
 		}
 	}
 	p.elapsed += time.Since(start)
+	p.cpu += processCPU() - cpu0
 	if interrupted {
 		return ctx.Err()
 	}
@@ -1062,6 +1065,9 @@ type benchReport struct {
 	UsageLagMs   *float64 `json:"usage_lag_ms"`
 	UsagePending *uint64  `json:"usage_pending"`
 	usageNote    string
+	// This process's CPU time per reply in each phase (bench_cpu.go).
+	CPUPerDecisionUs    float64 `json:"cpu_us_per_decision"`
+	EchoCPUPerRequestUs float64 `json:"echo_cpu_us_per_request"`
 }
 
 func (r *benchRun) report(echo, decide *phaseResult, tally []keyTally) *benchReport {
@@ -1137,6 +1143,7 @@ func (rep *benchReport) print(w io.Writer, c *benchConfig, plan *benchPlan) {
 	fmt.Fprintf(w, "overshoot: %s units on %d of %d keys with admissions (allowed: burst + rate x span per key)\n",
 		formatUnits(rep.OvershootMicro), rep.OvershootKeys, rep.KeysAdmitted)
 	rep.printUsageLag(w)
+	rep.printCPU(w, c)
 }
 
 // formatUnits formats micro-units as a decimal number of units.

@@ -92,6 +92,12 @@ func TestBenchEmbeddedStrict(t *testing.T) {
 	if lag, pending := num(t, m, "usage_lag_ms"), num(t, m, "usage_pending"); lag < 0 || pending < 0 || (pending == 0) != (lag == 0) {
 		t.Errorf("usage_lag_ms %v with %v batches pending: want both 0 or both positive", lag, pending)
 	}
+	if d, e := num(t, m, "cpu_us_per_decision"), num(t, m, "echo_cpu_us_per_request"); d <= 0 || e <= 0 {
+		t.Errorf("cpu_us_per_decision %v, echo_cpu_us_per_request %v: want both positive", d, e)
+	}
+	if !strings.Contains(out, "µs per decision") {
+		t.Errorf("report lacks the CPU line:\n%s", out)
+	}
 }
 
 // TestBenchUsageOff: --usage=false runs the embedded node without usage

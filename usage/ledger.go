@@ -51,7 +51,7 @@ type ReconcilerConfig struct {
 	// costs two writes (its day and month) per GroupInterval.
 	MaxGroup         int           // default 1024 messages
 	MaxGroupRecords  int           // default 500,000 records
-	GroupInterval    time.Duration // default 1 s
+	GroupInterval    time.Duration // default 5 s
 	FetchBatch       int           // messages per fetch request; default 64
 	MaxCachedEntries int           // totals entries kept in memory between groups; default 200,000
 	OpTimeout        time.Duration // bounds each KV and stream operation; default 10 s
@@ -118,7 +118,7 @@ const (
 	DefaultSettle            = 2 * time.Second
 	DefaultMaxGroup          = 1024
 	DefaultMaxGroupRecords   = 500_000
-	DefaultGroupInterval     = time.Second
+	DefaultGroupInterval     = 5 * time.Second
 	DefaultFetchBatch        = 64
 	DefaultMaxCachedEntries  = 200_000
 	DefaultOpTimeout         = 10 * time.Second

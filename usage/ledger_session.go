@@ -153,12 +153,15 @@ func (s *session) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 		return msgs, err
 	}
 	if len(s.replies) > 0 {
-		wait := s.r.cfg.GroupInterval - time.Since(s.started)
-		if !s.lingers() || wait < time.Millisecond {
+		due := s.started.Add(s.r.cfg.GroupInterval)
+		if !s.lingers() || time.Until(due) < 10*time.Millisecond {
 			return nil, nil
 		}
+		// Until the group is due, or the session ends.
+		fctx, cancel := context.WithDeadline(ctx, due)
+		defer cancel()
 		return s.pull(ctx, func() (jetstream.MessageBatch, error) {
-			return s.cons.Fetch(n, jetstream.FetchMaxWait(wait))
+			return s.cons.Fetch(n, jetstream.FetchContext(fctx))
 		})
 	}
 	msgs, err = s.pull(ctx, func() (jetstream.MessageBatch, error) {

@@ -254,11 +254,13 @@ func (p *Publisher) Add(policy string, r Record) bool {
 // for that origin is not queued again: it was queued before, and is or
 // will be published before anything queued after it (a journal read
 // again from its mark offers records again, which the ledger would skip
-// anyway). So the journalled records this publisher publishes of each
-// origin are in increasing position, each once. It reports whether r is
-// queued (now or before); false as Add's, the position then not taken.
-// Callers add an origin's records in increasing position, except that a
-// journal read again starts over from its mark.
+// anyway), or it was refused (overflow) while a later one was accepted,
+// and published now it would come after that one, below the ledger's
+// watermark. So the journalled records this publisher publishes of each
+// origin are in increasing position, each once. It reports false when Add
+// refuses r (the position is then not taken), true otherwise. Callers add
+// an origin's records in increasing position, except that a journal read
+// again starts over from its mark.
 func (p *Publisher) AddJournal(policy, node, boot string, pos JournalPos, r Record) bool {
 	k := originKey{node, boot}
 	p.jmu.Lock()

@@ -115,6 +115,7 @@ type benchConfig struct {
 	verbose      bool
 	cpuProfile   string
 	candidates   int // shadow candidates on the run's descriptors (bench_shadow.go)
+	usage        bool // the embedded node publishes usage records (NoUsage when false)
 }
 
 func benchFlags(s stdio) (*benchConfig, func([]string) error) {
@@ -139,6 +140,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.BoolVar(&c.verbose, "v", false, "log what the embedded node does")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the decide phase (this process: the embedded node too) to `file`; "+
 		"pprof cannot pause, so with --rounds > 1 it also covers the echo slices between the first and the last decide slice")
+	fs.BoolVar(&c.usage, "usage", true, "the embedded node publishes usage records and keeps the ledger (false: usage off, to compare)")
 	fs.Usage = func() {
 		fmt.Fprintln(s.err, "usage: limitmesh bench [--nats-url URL] [--duration 10s] [--concurrency 64] [--keys 10000] [--zipf 1.1] [--mode strict] [--json]")
 		fmt.Fprintln(s.err, "Without --nats-url, bench starts an embedded node in this process.")
@@ -188,6 +190,8 @@ func (c *benchConfig) validate() error {
 		return errors.New("--timeout must be positive")
 	case c.candidates < 0 || c.candidates > maxBenchCandidates:
 		return fmt.Errorf("--candidates %d: must be 0..%d", c.candidates, maxBenchCandidates)
+	case c.external && !c.usage:
+		return errors.New("--usage=false configures the embedded node; a deployment at --nats-url has its own --usage")
 	}
 	switch c.mode {
 	case "strict", "async", "local":
@@ -386,6 +390,8 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	}
 	rep := r.report(echo.result(), decide.result(), tally)
 	rep.Shadow = sh.finish(ctx, rep.Decisions, progress)
+	rep.UsageLagMs, rep.UsagePending, rep.usageNote = measureUsageLag(ctx, js, c)
+	rep.CPUPerDecisionUs, rep.EchoCPUPerRequestUs = cpuPer(decide.cpu, rep.Decisions), cpuPer(echo.cpu, rep.EchoRequests)
 	rep.print(s.out, c, plan)
 	rep.Shadow.print(s.out)
 	if c.jsonOut {
@@ -514,7 +520,7 @@ func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (*mesh.
 		return nil, nil, err
 	}
 	undo = append(undo, nodeConn.Close)
-	node, err := mesh.NewNode(nodeConn, mesh.NodeConfig{Prefix: c.cf.prefix, Logger: log})
+	node, err := mesh.NewNode(nodeConn, mesh.NodeConfig{Prefix: c.cf.prefix, Logger: log, NoUsage: !c.usage})
 	if err != nil {
 		stop()
 		return nil, nil, err
@@ -657,6 +663,7 @@ type phase struct {
 	tally   []keyTally // nil: the echo phase (replies are not parsed)
 	workers []*worker
 	elapsed time.Duration // summed over the slices run so far
+	cpu     time.Duration // CPU time of this process during the slices (bench_cpu.go)
 }
 
 // newPhase makes --concurrency workers against subject, spread over the
@@ -696,7 +703,7 @@ func (p *phase) sum() (done, errs int64) {
 func (r *benchRun) runSlice(ctx context.Context, p *phase, sl benchSlice) error {
 	var stop atomic.Bool
 	var wg sync.WaitGroup
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	for _, w := range p.workers {
 		wg.Add(1)
 		go func() {
@@ -732,6 +739,7 @@ wait:
 		}
 	}
 	p.elapsed += time.Since(start)
+	p.cpu += processCPU() - cpu0
 	if interrupted {
 		return ctx.Err()
 	}
@@ -1070,6 +1078,14 @@ type benchReport struct {
 	OvershootMicro int64   `json:"-"`
 	// Shadow is set with --candidates (bench_shadow.go).
 	Shadow *benchShadowReport `json:"shadow,omitempty"`
+	// The ledger's lag at the end of the run (bench_usage.go); null when
+	// it was not measured.
+	UsageLagMs   *float64 `json:"usage_lag_ms"`
+	UsagePending *uint64  `json:"usage_pending"`
+	usageNote    string
+	// This process's CPU time per reply in each phase (bench_cpu.go).
+	CPUPerDecisionUs    float64 `json:"cpu_us_per_decision"`
+	EchoCPUPerRequestUs float64 `json:"echo_cpu_us_per_request"`
 }
 
 func (r *benchRun) report(echo, decide *phaseResult, tally []keyTally) *benchReport {
@@ -1144,6 +1160,8 @@ func (rep *benchReport) print(w io.Writer, c *benchConfig, plan *benchPlan) {
 		rep.Errors-rep.Timeouts-rep.Unavailable-rep.Unmatched)
 	fmt.Fprintf(w, "overshoot: %s units on %d of %d keys with admissions (allowed: burst + rate x span per key)\n",
 		formatUnits(rep.OvershootMicro), rep.OvershootKeys, rep.KeysAdmitted)
+	rep.printUsageLag(w)
+	rep.printCPU(w, c)
 }
 
 // formatUnits formats micro-units as a decimal number of units.

@@ -111,10 +111,41 @@ func TestBenchEmbeddedStrict(t *testing.T) {
 		t.Errorf("admitted %v on %v keys within %s, more than (burst 2 + 1/s × %s) per key = %.1f",
 			admitted, keys, wall.Round(time.Millisecond), wall.Round(time.Millisecond), allowed)
 	}
-	for _, want := range []string{"raw NATS echo", "decide", "overshoot: 0 units", "mode strict", "token_bucket 1/s, burst 2 per key"} {
+	for _, want := range []string{"raw NATS echo", "decide", "overshoot: 0 units", "mode strict", "token_bucket 1/s, burst 2 per key", "usage lag: "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
+	}
+	if lag, pending := num(t, m, "usage_lag_ms"), num(t, m, "usage_pending"); lag < 0 || pending < 0 || (pending == 0) != (lag == 0) {
+		t.Errorf("usage_lag_ms %v with %v batches pending: want both 0 or both positive", lag, pending)
+	}
+	if d, e := num(t, m, "cpu_us_per_decision"), num(t, m, "echo_cpu_us_per_request"); d <= 0 || e <= 0 {
+		t.Errorf("cpu_us_per_decision %v, echo_cpu_us_per_request %v: want both positive", d, e)
+	}
+	if !strings.Contains(out, "µs per decision") {
+		t.Errorf("report lacks the CPU line:\n%s", out)
+	}
+}
+
+// TestBenchUsageOff: --usage=false runs the embedded node without usage
+// records; the lag is reported as off (null in --json). With --nats-url
+// the flag is refused: it configures the embedded node only.
+func TestBenchUsageOff(t *testing.T) {
+	code, m, out, errOut := benchJSON(t, "--usage=false", "--duration", "200ms", "--echo-duration", "200ms",
+		"--keys", "20", "--concurrency", "4", "--conns", "1")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	checkRun(t, m)
+	if v, ok := m["usage_lag_ms"]; !ok || v != nil {
+		t.Errorf("usage_lag_ms = %v (present %v), want null", v, ok)
+	}
+	if !strings.Contains(out, "usage lag: off (--usage=false)") {
+		t.Errorf("report does not say usage is off:\n%s", out)
+	}
+	code, _, errOut = run(t, nil, "bench", "--usage=false", "--nats-url", "nats://127.0.0.1:1")
+	if code != 2 || !strings.Contains(errOut, "--usage=false") {
+		t.Errorf("--usage=false with --nats-url: exit %d, stderr %q; want 2 naming the flag", code, errOut)
 	}
 }
 
@@ -208,6 +239,10 @@ func TestBenchHotKeyAgainstServe(t *testing.T) {
 	}
 	if num(t, m, "keys_admitted") != 1 {
 		t.Errorf("keys_admitted = %v, want 1", m["keys_admitted"])
+	}
+	// The deployment's usage stream (prefix hot) is measured.
+	if lag := num(t, m, "usage_lag_ms"); lag < 0 {
+		t.Errorf("usage_lag_ms = %v", lag)
 	}
 
 	// The run's policy is gone afterwards.

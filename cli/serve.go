@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"regexp"
@@ -47,6 +48,10 @@ type serveConfig struct {
 	region          string
 	gatewayListen   string
 	gateways        listFlag
+	usage           bool
+	usageInterval   time.Duration
+	usageRetention  time.Duration
+	usageMaxBytes   byteSize
 
 	// Set by parsing: whether --region was given (flag or environment),
 	// and the --gateways entries by region name.
@@ -87,6 +92,11 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 	fs.StringVar(&c.region, "region", "default", "region of this node; with --gateway-listen the name of the embedded server's cluster and gateway in a NATS supercluster")
 	fs.StringVar(&c.gatewayListen, "gateway-listen", "", "host:port for gateway connections from other regions (joins a NATS supercluster; needs --cluster-listen and --region)")
 	fs.Var(&c.gateways, "gateways", "comma-separated gateways of other regions, name=nats://h:p (one entry per server of a region)")
+	c.usageMaxBytes = mesh.DefaultUsageMaxBytes
+	fs.BoolVar(&c.usage, "usage", true, "publish a usage record per decision to <PREFIX>_USAGE and keep the ledger <prefix>_ledger (false: no usage stream, ledger or shadow evaluation)")
+	fs.DurationVar(&c.usageInterval, "usage-interval", mesh.DefaultUsageInterval, "most time a usage record waits before its batch is published")
+	fs.DurationVar(&c.usageRetention, "usage-retention", mesh.DefaultUsageRetention, "max age of the records in the usage stream this node creates")
+	fs.Var(&c.usageMaxBytes, "usage-max-bytes", "max size of the usage stream this node creates, in bytes or with a unit: 1GiB, 512MiB, 64KiB (oldest records go first)")
 	return c, func(args []string) error {
 		if err := parseFlags(fs, args, s); err != nil {
 			return err
@@ -124,6 +134,12 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("--lease %v: must be at least %v", c.lease, mesh.MinLeaseTime)
 	case c.nodeID != "" && !nodeIDRE.MatchString(c.nodeID):
 		return fmt.Errorf("--node-id %q: must match %s", c.nodeID, nodeIDRE)
+	case c.usageInterval <= 0 || c.usageInterval > time.Minute:
+		return fmt.Errorf("--usage-interval %v: must be positive and at most 1m", c.usageInterval)
+	case c.usageRetention < time.Minute:
+		return fmt.Errorf("--usage-retention %v: must be at least 1m", c.usageRetention)
+	case c.usageMaxBytes < minUsageMaxBytes:
+		return fmt.Errorf("--usage-max-bytes %v: must be at least 1MiB (a usage message is up to 256KiB)", c.usageMaxBytes)
 	case c.natsURL == "" && c.dataDir == "":
 		return errors.New("--data must name a directory for the embedded server")
 	case c.natsURL != "" && (c.clusterListen != "" || len(c.routes) > 0 || c.gatewayListen != "" || len(c.gateways) > 0):
@@ -330,6 +346,11 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		AsyncInterval:      c.asyncInterval,
 		NoJournal:          !c.journal,
 		Binder:             binder,
+
+		NoUsage:        !c.usage,
+		UsageInterval:  c.usageInterval,
+		UsageRetention: c.usageRetention,
+		UsageMaxBytes:  int64(c.usageMaxBytes),
 	}, log)
 	cancel()
 	if err != nil {
@@ -417,6 +438,53 @@ func regionIf(given bool, region string) string {
 		return region
 	}
 	return ""
+}
+
+// minUsageMaxBytes is the least --usage-max-bytes: a few of the largest
+// usage messages (usage.MaxBatchBytes, 256 KiB, plus a record).
+const minUsageMaxBytes = 1 << 20
+
+// byteSize is a size flag in bytes: a whole number, optionally followed by
+// a unit, B, KiB, MiB, GiB or TiB (powers of 1024) or KB, MB, GB or TB
+// (powers of 1000), with or without a space; "1GiB", "512MiB", "1048576".
+// It prints in the largest binary unit that divides it.
+type byteSize int64
+
+var byteUnits = []struct {
+	name string
+	mult int64
+}{
+	{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+	{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1},
+}
+
+func (b *byteSize) String() string {
+	for _, u := range byteUnits[:4] {
+		if *b != 0 && int64(*b)%u.mult == 0 {
+			return strconv.FormatInt(int64(*b)/u.mult, 10) + u.name
+		}
+	}
+	return strconv.FormatInt(int64(*b), 10)
+}
+
+func (b *byteSize) Set(v string) error {
+	num := strings.TrimSpace(v)
+	mult := int64(1)
+	for _, u := range byteUnits {
+		if n, ok := strings.CutSuffix(num, u.name); ok {
+			num, mult = strings.TrimSpace(n), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 {
+		return fmt.Errorf("want a number of bytes, optionally with a unit (1GiB, 512MiB, 64KiB, 1000000)")
+	}
+	if n > math.MaxInt64/mult {
+		return fmt.Errorf("%s is too large", v)
+	}
+	*b = byteSize(n * mult)
+	return nil
 }
 
 // redactURL hides a password in a NATS URL before it is printed.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -376,4 +377,136 @@ func httpGet(url string) (int, error) {
 	}
 	resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+// TestServeUsageFlags: --usage, --usage-interval, --usage-retention and
+// --usage-max-bytes, their defaults, their LIMITMESH_* variables (a flag
+// wins) and the sizes --usage-max-bytes takes.
+func TestServeUsageFlags(t *testing.T) {
+	cases := []struct {
+		name      string
+		env, args []string
+		usage     bool
+		interval  time.Duration
+		retention time.Duration
+		maxBytes  int64
+	}{
+		{"defaults", nil, nil, true, 250 * time.Millisecond, 24 * time.Hour, 1 << 30},
+		{"off", nil, []string{"--usage=false"}, false, 250 * time.Millisecond, 24 * time.Hour, 1 << 30},
+		{"off from the environment", []string{"LIMITMESH_USAGE=false"}, nil, false, 250 * time.Millisecond, 24 * time.Hour, 1 << 30},
+		{"flag wins", []string{"LIMITMESH_USAGE=false", "LIMITMESH_USAGE_INTERVAL=1s"},
+			[]string{"--usage", "--usage-interval", "100ms"}, true, 100 * time.Millisecond, 24 * time.Hour, 1 << 30},
+		{"environment", []string{"LIMITMESH_USAGE_INTERVAL=50ms", "LIMITMESH_USAGE_RETENTION=2h", "LIMITMESH_USAGE_MAX_BYTES=512MiB"},
+			nil, true, 50 * time.Millisecond, 2 * time.Hour, 512 << 20},
+		{"bytes", nil, []string{"--usage-max-bytes", "1048576"}, true, 250 * time.Millisecond, 24 * time.Hour, 1 << 20},
+		{"decimal unit", nil, []string{"--usage-max-bytes", "2GB"}, true, 250 * time.Millisecond, 24 * time.Hour, 2e9},
+		{"unit after a space", nil, []string{"--usage-max-bytes", "3 GiB"}, true, 250 * time.Millisecond, 24 * time.Hour, 3 << 30},
+		{"TiB", nil, []string{"--usage-max-bytes", "1TiB", "--usage-retention", "720h"}, true, 250 * time.Millisecond, 720 * time.Hour, 1 << 40},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := stdio{err: new(bytes.Buffer), env: parseEnv(tc.env)}
+			c, parse := serveFlags(s)
+			if err := parse(tc.args); err != nil {
+				t.Fatalf("parse: %v (%s)", err, s.err)
+			}
+			if c.usage != tc.usage || c.usageInterval != tc.interval || c.usageRetention != tc.retention || int64(c.usageMaxBytes) != tc.maxBytes {
+				t.Errorf("usage %v interval %v retention %v max bytes %d; want %v %v %v %d",
+					c.usage, c.usageInterval, c.usageRetention, c.usageMaxBytes, tc.usage, tc.interval, tc.retention, tc.maxBytes)
+			}
+		})
+	}
+	// The default prints as a size.
+	var help bytes.Buffer
+	Main(context.Background(), []string{"serve", "-h"}, nil, strings.NewReader(""), &help, &help)
+	if !strings.Contains(help.String(), "-usage-max-bytes") || !strings.Contains(help.String(), "(default 1GiB)") {
+		t.Errorf("serve -h does not show --usage-max-bytes with its default 1GiB:\n%s", help.String())
+	}
+}
+
+// TestServeUsageBadFlags: invalid usage settings exit 2 with one line
+// naming the flag or its variable.
+func TestServeUsageBadFlags(t *testing.T) {
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"interval zero", nil, []string{"--usage-interval", "0s"}, "--usage-interval"},
+		{"interval too long", nil, []string{"--usage-interval", "2m"}, "--usage-interval"},
+		{"retention too short", nil, []string{"--usage-retention", "30s"}, "--usage-retention"},
+		{"max bytes too small", nil, []string{"--usage-max-bytes", "64KiB"}, "--usage-max-bytes"},
+		{"max bytes not a size", nil, []string{"--usage-max-bytes", "lots"}, "usage-max-bytes"},
+		{"max bytes negative", nil, []string{"--usage-max-bytes", "-1"}, "usage-max-bytes"},
+		{"max bytes fraction", nil, []string{"--usage-max-bytes", "1.5GiB"}, "usage-max-bytes"},
+		{"max bytes overflow", nil, []string{"--usage-max-bytes", "9000000TiB"}, "usage-max-bytes"},
+		{"bad size from env", []string{"LIMITMESH_USAGE_MAX_BYTES=1 gigabyte"}, nil, "LIMITMESH_USAGE_MAX_BYTES"},
+		{"bad bool from env", []string{"LIMITMESH_USAGE=maybe"}, nil, "LIMITMESH_USAGE"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := run(t, tc.env, append([]string{"serve"}, tc.args...)...)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2; stderr: %s", code, stderr)
+			}
+			if !strings.Contains(stderr, tc.want) {
+				t.Errorf("stderr %q: want it to mention %q", stderr, tc.want)
+			}
+		})
+	}
+}
+
+// TestServeUsageStream: the stream a node creates has --usage-retention
+// and --usage-max-bytes (here from the environment), and --usage=false
+// creates none.
+func TestServeUsageStream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two serve runs")
+	}
+	for _, on := range []bool{true, false} {
+		natsAddr, httpAddr := freeAddr(t), freeAddr(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		var serveErr syncBuffer
+		exit := make(chan int, 1)
+		go func() {
+			exit <- Main(ctx, []string{"serve", "--data", t.TempDir(), "--http", httpAddr, "--nats-listen", natsAddr,
+				"--usage-retention", "90m", fmt.Sprintf("--usage=%v", on)},
+				[]string{"LIMITMESH_USAGE_MAX_BYTES=512MiB", "LIMITMESH_USAGE_INTERVAL=100ms"},
+				strings.NewReader(""), &bytes.Buffer{}, &serveErr)
+		}()
+		waitFor(t, "/readyz", func() bool { code, err := httpGet("http://" + httpAddr + "/readyz"); return err == nil && code == 200 })
+		nc, err := nats.Connect("nats://" + natsAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _ := jetstream.New(nc)
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		st, err := js.Stream(sctx, "RL_USAGE")
+		if on {
+			if err != nil {
+				t.Fatalf("--usage: stream RL_USAGE: %v", err)
+			}
+			info := st.CachedInfo()
+			if info.Config.MaxAge != 90*time.Minute || info.Config.MaxBytes != 512<<20 {
+				t.Errorf("RL_USAGE max age %v max bytes %d, want 1h30m and 512MiB", info.Config.MaxAge, info.Config.MaxBytes)
+			}
+			if _, err := js.KeyValue(sctx, "rl_ledger"); err != nil {
+				t.Errorf("--usage: ledger bucket: %v", err)
+			}
+		} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("--usage=false: stream RL_USAGE: %v, want not found", err)
+		}
+		scancel()
+		nc.Close()
+		cancel()
+		select {
+		case code := <-exit:
+			if code != 0 {
+				t.Fatalf("serve exited %d; stderr:\n%s", code, serveErr.String())
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("serve did not stop")
+		}
+	}
 }

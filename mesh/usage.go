@@ -36,10 +36,13 @@ type usageSink struct {
 	pub *usage.Publisher
 }
 
-// Add implements journal.UsageSink.
+// Add implements journal.UsageSink. The publisher queues each journalled
+// record once: the journal offers a record again when it reads a journal
+// again from its mark (its own, when it claims back a partition whose
+// lease lapsed), and those it queued already are skipped.
 func (u usageSink) Add(node, boot string, seq uint64, idx uint32, key string, record []byte, us *keyrec.Usage) {
 	policy, _, _ := keyrec.PeekPolicy(record)
-	u.pub.Add(policy, u.record(usage.JournalID(node, boot, seq, idx), key, us))
+	u.pub.AddJournal(policy, node, boot, usage.JournalPos{JSeq: seq, Idx: idx}, u.record("", key, us))
 }
 
 // Sync implements journal.UsageSink.

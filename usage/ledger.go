@@ -43,13 +43,15 @@ type ReconcilerConfig struct {
 	Settle time.Duration
 
 	// A group of messages is applied in memory and written to the ledger
-	// once (each changed entry one write): when the stream has no more
-	// messages for now, when it holds MaxGroup messages or MaxGroupRecords
-	// records, or GroupInterval after it started, whichever comes first.
-	// The larger the group, the fewer writes per record while catching up.
+	// once (each changed entry one write): when it holds MaxGroup messages
+	// or MaxGroupRecords records, or GroupInterval after it started,
+	// whichever comes first; and sooner when the stream has no more
+	// messages for now and the group changed at most 256 entries. The
+	// larger the group, the fewer writes per record: under load a key
+	// costs two writes (its day and month) per GroupInterval.
 	MaxGroup         int           // default 1024 messages
 	MaxGroupRecords  int           // default 500,000 records
-	GroupInterval    time.Duration // default 1 s
+	GroupInterval    time.Duration // default 5 s
 	FetchBatch       int           // messages per fetch request; default 64
 	MaxCachedEntries int           // totals entries kept in memory between groups; default 200,000
 	OpTimeout        time.Duration // bounds each KV and stream operation; default 10 s
@@ -116,7 +118,7 @@ const (
 	DefaultSettle            = 2 * time.Second
 	DefaultMaxGroup          = 1024
 	DefaultMaxGroupRecords   = 500_000
-	DefaultGroupInterval     = time.Second
+	DefaultGroupInterval     = 5 * time.Second
 	DefaultFetchBatch        = 64
 	DefaultMaxCachedEntries  = 200_000
 	DefaultOpTimeout         = 10 * time.Second
@@ -259,6 +261,7 @@ type ledgerMetrics struct {
 	duplicate   prometheus.Counter
 	corrupt     prometheus.Counter
 	corrections *prometheus.CounterVec
+	checks      *prometheus.CounterVec
 }
 
 func newLedgerMetrics(reg prometheus.Registerer) (*ledgerMetrics, error) {
@@ -285,9 +288,13 @@ func newLedgerMetrics(reg prometheus.Registerer) (*ledgerMetrics, error) {
 			Name: "limitmesh_reconcile_corrections_total",
 			Help: "Differences found between the ledger and the limiter's quota state, by policy.",
 		}, []string{"policy"}),
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitmesh_reconcile_checks_total",
+			Help: "Comparisons of a key's quota limit with the ledger, by policy (each difference is also a correction).",
+		}, []string{"policy"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.lag, m.invalid, records, m.corrupt, m.corrections} {
+		for _, c := range []prometheus.Collector{m.lag, m.invalid, records, m.corrupt, m.corrections, m.checks} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("%w: %w", errRegister, err)
 			}

@@ -105,8 +105,7 @@ func (r *Reconciler) session(ctx context.Context) error {
 				return err
 			}
 		}
-		if len(s.replies) > 0 && (len(msgs) == 0 || s.caughtUp || len(s.replies) >= r.cfg.MaxGroup ||
-			s.records >= r.cfg.MaxGroupRecords || time.Since(s.started) >= r.cfg.GroupInterval) {
+		if len(s.replies) > 0 && (s.due() || (len(msgs) == 0 || s.caughtUp) && !s.lingers()) {
 			if err := s.commit(ctx); err != nil {
 				return err
 			}
@@ -122,14 +121,48 @@ func (r *Reconciler) session(ctx context.Context) error {
 	return nil
 }
 
+// due reports whether the open group must be written now: it holds
+// MaxGroup messages or MaxGroupRecords records, or it started
+// GroupInterval ago.
+func (s *session) due() bool {
+	c := &s.r.cfg
+	return len(s.replies) >= c.MaxGroup || s.records >= c.MaxGroupRecords || time.Since(s.started) >= c.GroupInterval
+}
+
+// lingerEntries is the number of changed totals entries above which an open
+// group that caught up with the stream waits for more messages (until it
+// is due) rather than being written at once.
+const lingerEntries = 256
+
+// lingers reports whether the open group, caught up, waits for more
+// messages: it changed more than lingerEntries entries. Each changed entry
+// costs one write however many records it took, and under load the same
+// keys come back within a group interval, so waiting writes each key once
+// per GroupInterval instead of once per publisher interval; a small group
+// (a quiet stream) is written at once.
+func (s *session) lingers() bool { return len(s.core.dirtyE) > lingerEntries }
+
 // fetch returns the next messages (up to FetchBatch): those available
-// now, or, when there are none and no group is open, the first to arrive
-// within idleWait and those available with it.
+// now; when there are none, for an open group that lingers, those that
+// arrive until it is due; with no group open, the first to arrive within
+// idleWait and those available with it.
 func (s *session) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 	n := min(s.r.cfg.FetchBatch, s.r.cfg.MaxGroup-len(s.replies))
 	msgs, err := s.pull(ctx, func() (jetstream.MessageBatch, error) { return s.cons.FetchNoWait(n) })
-	if err != nil || len(msgs) > 0 || len(s.replies) > 0 {
+	if err != nil || len(msgs) > 0 {
 		return msgs, err
+	}
+	if len(s.replies) > 0 {
+		due := s.started.Add(s.r.cfg.GroupInterval)
+		if !s.lingers() || time.Until(due) < 10*time.Millisecond {
+			return nil, nil
+		}
+		// Until the group is due, or the session ends.
+		fctx, cancel := context.WithDeadline(ctx, due)
+		defer cancel()
+		return s.pull(ctx, func() (jetstream.MessageBatch, error) {
+			return s.cons.Fetch(n, jetstream.FetchContext(fctx))
+		})
 	}
 	msgs, err = s.pull(ctx, func() (jetstream.MessageBatch, error) {
 		return s.cons.Fetch(1, jetstream.FetchMaxWait(idleWait))

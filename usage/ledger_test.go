@@ -402,10 +402,10 @@ func TestLedgerReconcile(t *testing.T) {
 		},
 	})
 	waitApplied(t, js, r)
+	// Three keys, each with a month, a day and a week quota compared (an
+	// hour quota is not).
 	waitFor(t, 30*time.Second, "the three keys compared", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(asked) >= 3
+		return counterValue(t, reg, "limitmesh_reconcile_checks_total", map[string]string{"policy": "acme"}) >= 9
 	})
 	if v := counterValue(t, reg, "limitmesh_reconcile_corrections_total", map[string]string{"policy": "acme"}); v != 1 {
 		t.Fatalf("corrections %v, want 1", v)

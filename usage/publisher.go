@@ -80,6 +80,9 @@ type Publisher struct {
 	held   atomic.Int64  // records accepted and not yet acknowledged or given up
 	nextID atomic.Uint64 // the last ordinary id number handed out
 
+	jmu      sync.Mutex
+	journals map[originKey]JournalPos // per origin, the last journalled record accepted (AddJournal)
+
 	kick     chan struct{} // cut now (a full buffer, Sync, Close)
 	progMu   sync.Mutex
 	progress chan struct{} // closed (and replaced) on every acknowledgement
@@ -92,6 +95,9 @@ type Publisher struct {
 	m *publisherMetrics
 	l *slog.Logger
 }
+
+// originKey names an origin, <node>.<boot>, without building the string.
+type originKey struct{ node, boot string }
 
 // entry is a buffered record; n is its ordinary id number (when r.ID is
 // "").
@@ -157,6 +163,7 @@ func NewPublisher(js jetstream.JetStream, cfg PublisherConfig) (*Publisher, erro
 		idPrefix: cfg.Node + "." + cfg.Boot + ".",
 		kick:     make(chan struct{}, 1),
 		progress: make(chan struct{}),
+		journals: make(map[originKey]JournalPos),
 		stop:     make(chan struct{}),
 		l:        log.With("component", "usage-publisher"),
 	}
@@ -237,6 +244,35 @@ func (p *Publisher) Add(policy string, r Record) bool {
 	if full {
 		p.kickCut()
 	}
+	return true
+}
+
+// AddJournal queues the record of the decision journalled at pos (state
+// journal message pos.JSeq, index pos.Idx) by origin node.boot, with id
+// [JournalID](node, boot, pos.JSeq, pos.Idx), on policy's subject, like
+// [Publisher.Add]. A record at or below the last one AddJournal accepted
+// for that origin is not queued again: it was queued before, and is or
+// will be published before anything queued after it (a journal read
+// again from its mark offers records again, which the ledger would skip
+// anyway), or it was refused (overflow) while a later one was accepted,
+// and published now it would come after that one, below the ledger's
+// watermark. So the journalled records this publisher publishes of each
+// origin are in increasing position, each once. It reports false when Add
+// refuses r (the position is then not taken), true otherwise. Callers add
+// an origin's records in increasing position, except that a journal read
+// again starts over from its mark.
+func (p *Publisher) AddJournal(policy, node, boot string, pos JournalPos, r Record) bool {
+	k := originKey{node, boot}
+	p.jmu.Lock()
+	defer p.jmu.Unlock()
+	if last, ok := p.journals[k]; ok && !last.Less(pos) {
+		return true
+	}
+	r.ID = JournalID(node, boot, pos.JSeq, pos.Idx)
+	if !p.Add(policy, r) {
+		return false
+	}
+	p.journals[k] = pos
 	return true
 }
 

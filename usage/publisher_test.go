@@ -343,3 +343,77 @@ func BenchmarkAdd(b *testing.B) {
 		}
 	}
 }
+
+// AddJournal queues each journalled record once per origin: a journal
+// read again from its mark offers records queued already, which are
+// skipped, so every origin's records reach the stream once each, in
+// increasing position; a record refused (overflow) does not count as
+// queued.
+func TestPublisherAddJournal(t *testing.T) {
+	ts := startServer(t)
+	_, js := ts.connect(t)
+	ensureStream(t, js)
+	reg := prometheus.NewRegistry()
+	p, err := NewPublisher(js, PublisherConfig{Node: "n2", Boot: "b2", Interval: 10 * time.Millisecond, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := func(node string, jseq uint64, idx uint32) {
+		t.Helper()
+		if !p.AddJournal("acme", node, "bx", JournalPos{JSeq: jseq, Idx: idx}, testRecord(t, "acme", int(jseq))) {
+			t.Fatalf("AddJournal(%s, %d, %d) refused", node, jseq, idx)
+		}
+	}
+	// Origin n1.bx: its writer's records, then a read of its journal from
+	// the mark (jseq 1) that overlaps them, then more.
+	add("n1", 1, 0)
+	add("n1", 1, 1)
+	add("n1", 2, 0)
+	add("n3", 7, 0) // another origin: its own positions
+	add("n1", 1, 0)
+	add("n1", 1, 1)
+	add("n1", 2, 0)
+	add("n1", 3, 0)
+	add("n3", 5, 0) // n3's journal read again from an earlier mark
+	add("n3", 7, 0)
+	add("n3", 8, 2)
+	if err := p.Sync(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, sb := range readStream(t, js, "rl") {
+		for _, r := range sb.b.Records {
+			got = append(got, r.ID)
+		}
+	}
+	want := "n1.bx.j1.0 n1.bx.j1.1 n1.bx.j2.0 n3.bx.j7.0 n1.bx.j3.0 n3.bx.j8.2"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("stream ids\n%s\nwant\n%s", strings.Join(got, " "), want)
+	}
+	if err := p.Close(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Refused for overflow: the position is not taken, a later offer of it
+	// is tried again.
+	_, js2 := ts.connect(t)
+	q, err := NewPublisher(js2, PublisherConfig{Node: "n2", Interval: time.Hour, MaxBuffered: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !q.AddJournal("acme", "n1", "bx", JournalPos{JSeq: 1}, testRecord(t, "acme", 1)) {
+		t.Fatal("first record refused")
+	}
+	if q.AddJournal("acme", "n1", "bx", JournalPos{JSeq: 2}, testRecord(t, "acme", 2)) {
+		t.Fatal("a record beyond MaxBuffered accepted")
+	}
+	if err := q.Sync(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if !q.AddJournal("acme", "n1", "bx", JournalPos{JSeq: 2}, testRecord(t, "acme", 2)) {
+		t.Fatal("the refused record refused again with room")
+	}
+	if err := q.Close(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -15,7 +15,8 @@ import (
 // show as differences), for the period containing the key's latest record:
 // a day quota with the day entry, a month quota with the month entry, a
 // week quota (Monday 00:00 UTC) with the sum of its days; hour quotas are
-// not compared. Each difference is counted in
+// not compared. Each comparison is counted in
+// limitmesh_reconcile_checks_total{policy}, each difference in
 // limitmesh_reconcile_corrections_total{policy} and logged at debug level;
 // a key is compared again when new records of it are applied.
 
@@ -136,8 +137,11 @@ func (s *session) compare(ctx context.Context, c reconcileCheck) bool {
 			exact = exact && ok
 			ledger += v + e.pendA
 		}
+		r.m.checks.WithLabelValues(c.pk.policy).Inc()
+		// The policy's correction count exists (0) once it was compared.
+		corrections := r.m.corrections.WithLabelValues(c.pk.policy)
 		if !exact || ledger != spent {
-			r.m.corrections.WithLabelValues(c.pk.policy).Inc()
+			corrections.Inc()
 			r.log.Debug("ledger and quota state differ", "policy", c.pk.policy, "key", c.pk.key,
 				"limit", q.Name, "period", q.Period, "ledger_units", FormatMicro(ledger), "state_units", FormatMicro(spent))
 		}

@@ -1,0 +1,46 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"syscall"
+	"time"
+)
+
+// The CPU cost of a bench run's phases: this process's CPU time (user and
+// system, all its threads) during each phase's slices, per reply. On a
+// shared machine, where the CPU a run gets varies with everything else
+// running, the CPU time a decision costs varies far less than the
+// decisions per second, so builds and settings are compared by it as
+// well. It counts everything the process does meanwhile: the load
+// workers always, and, with the embedded node, the node and its NATS
+// server (their background work, such as the usage ledger, included).
+
+// processCPU returns this process's CPU time so far (0 if it cannot be
+// read).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// cpuPer is cpu per reply in µs, rounded to 0.01 (0 without replies).
+func cpuPer(cpu time.Duration, replies int64) float64 {
+	if replies <= 0 {
+		return 0
+	}
+	return math.Round(float64(cpu.Nanoseconds())/float64(replies)/10) / 100
+}
+
+// printCPU writes the report's CPU line.
+func (rep *benchReport) printCPU(w io.Writer, c *benchConfig) {
+	who := "bench's load and the embedded node with its NATS server"
+	if c.external {
+		who = "bench's load only"
+	}
+	fmt.Fprintf(w, "cpu: %.2f µs per decision, %.2f µs per echo (this process: %s)\n",
+		rep.CPUPerDecisionUs, rep.EchoCPUPerRequestUs, who)
+}

@@ -95,12 +95,21 @@ type Call struct {
 	HasID    bool
 	DryRun   bool
 	Deadline int64 // ns; the call fails with fail.ErrUnavailable at or after it
+	// Overflow marks a call for its policy's overflow key
+	// (policies.Policy.OverflowKey): that key takes no place among the
+	// policy's live keys (overflow.go).
+	Overflow bool
 
 	// Results, set when the call is finished.
 	Out keyrec.Decision
 	Err error
 	// Deduped is true when the reply is a remembered request_id's.
 	Deduped bool
+	// Overflowed is set, with nothing decided (no Out, no Err), when the
+	// call's key is new to this node and its policy has max_keys live
+	// keys here (overflow.go): the caller decides the call again against
+	// the policy's overflow key.
+	Overflowed bool
 
 	// Done is the driver's continuation (the reply to send); the core
 	// never reads it.

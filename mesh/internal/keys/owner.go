@@ -233,6 +233,8 @@ type owner struct {
 	spare    []kvstate.State
 	// corrupt counts stored records that could not be decoded.
 	corrupt int
+	// denying is true when the last call decided was denied (deny.go).
+	denying bool
 }
 
 func newOwner(env Env, maxConflicts int, ttl int64) *owner {
@@ -663,6 +665,7 @@ func (o *owner) decideWith(rec *keyrec.Record, c *Call, p *policies.Policy, now 
 	// Decide into the spare buffer; on admission the buffers swap (rec is
 	// the owner's own record, never shared: writes carry encoded bytes).
 	kd, states := kvstate.DecideAll(o.limits, rec.States, now, c.Cost, o.spare)
+	o.denying = !kd.Allowed
 	d := keyrec.Decision{
 		Allowed:    kd.Allowed,
 		Policy:     p.Name,

@@ -244,6 +244,11 @@ func (t *Table) Submit(key string, c *Call, now int64, hint *atomic.Pointer[Entr
 		c.Done.Finish(c)
 		return
 	}
+	if !e.running && e.o.denyInline(c, now) {
+		e.mu.Unlock()
+		c.Done.Finish(c)
+		return
+	}
 	e.o.submit(c)
 	start := !e.running
 	e.running = true

@@ -219,11 +219,12 @@ func (t *Table) Live(policy string) int {
 
 // concludeProbe applies the result of a probe's load (err as the store
 // gave it) to e, whose owner is o; the caller holds e.mu. A stored record
-// makes the key live (adopt) and the load continues as any other; an
-// absent one finishes the queued calls as overflowed and marks e gone
-// (it reports true: the caller removes e from the table). Any other
-// error leaves e a probe and the load fails the calls as usual.
-func (t *Table) concludeProbe(key string, e *Entry, o *owner, err error) (overflowed bool) {
+// makes the key live (adopt) and the load continues as any other (it
+// reports false). An absent one finishes the queued calls as overflowed;
+// any other error fails them as a failed load does; either way e, which
+// holds nothing, is marked gone and it reports true: the caller removes e
+// from the table (the key's next call is a probe again).
+func (t *Table) concludeProbe(key string, e *Entry, o *owner, err error) (done bool) {
 	switch {
 	case err == nil:
 		t.adopt(e)
@@ -237,10 +238,11 @@ func (t *Table) concludeProbe(key string, e *Entry, o *owner, err error) (overfl
 		}
 		clear(o.queue)
 		o.queue = o.queue[:0]
-		e.gone = true
-		return true
+	default:
+		o.loadedResult(nil, 0, err)
 	}
-	return false
+	e.gone = true
+	return true
 }
 
 // forget removes e from the table if it is still key's entry.

@@ -1,11 +1,13 @@
 package keys
 
 import (
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/policies"
 )
@@ -20,6 +22,8 @@ type syncStore struct {
 	seq     uint64
 	gets    map[string]int
 	updates map[string]int
+	// failGets makes every load fail (not found is not a failure).
+	failGets bool
 }
 
 func newSyncStore() *syncStore {
@@ -30,7 +34,12 @@ func (s *syncStore) GetAsync(key string, _ time.Duration, done func([]byte, uint
 	s.mu.Lock()
 	s.gets[key]++
 	val, rev, ok := s.vals[key], s.revs[key], s.revs[key] != 0
+	failing := s.failGets
 	s.mu.Unlock()
+	if failing {
+		done(nil, 0, errors.New("store unreachable"))
+		return
+	}
 	if !ok {
 		done(nil, 0, kvstate.ErrNotFound)
 		return
@@ -293,4 +302,29 @@ func TestLocalMaxKeys(t *testing.T) {
 	if c := decide("c", false); c.Overflowed || !c.Out.Allowed {
 		t.Fatalf("c after the others came to rest: %+v", c)
 	}
+}
+
+// TestMaxKeysProbeFails: a probe whose load fails answers 503 and leaves
+// the table (it holds nothing); the key's next call probes again.
+func TestMaxKeysProbeFails(t *testing.T) {
+	p := tbPolicy(t, "p", 1, "1/h", 1, `,"max_keys":1`)
+	st := newSyncStore()
+	ct := newCapTable(t, st, 0, p)
+	ct.mustDecide(p, "a", true)
+	st.failGets = true
+	now := ct.rt.now.UnixNano()
+	c := &Call{Policy: p, Cost: kvstate.Unit, Deadline: now + int64(time.Second), Done: &ct.calls}
+	ct.tbl.Submit("b", c, now, nil)
+	if !errors.Is(c.Err, fail.ErrUnavailable) || c.Overflowed {
+		t.Fatalf("a failed probe: err %v, overflowed %v; want fail.ErrUnavailable", c.Err, c.Overflowed)
+	}
+	if ct.tbl.Len() != 1 {
+		t.Fatalf("%d keys held after a failed probe, want 1", ct.tbl.Len())
+	}
+	st.failGets = false
+	ct.mustOverflow(p, "b")
+	if g := st.count(st.gets, "b"); g != 2 {
+		t.Fatalf("b read %d times, want 2", g)
+	}
+	ct.mustLive("p", 1)
 }

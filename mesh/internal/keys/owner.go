@@ -175,12 +175,14 @@ type owner struct {
 	lastWrite int64 // ns of the batch of the last acknowledged write; 0 after a load
 	batchAt   int64 // ns of the outstanding write's batch
 
-	loaded bool
 	// rec is the node's view of the key when loaded: the stored keyrec.Record
 	// plus every change decided since (in the outstanding write, or
 	// unwritten async changes).
 	rec keyrec.Record
 	rev uint64 // the revision of the last keyrec.Record read or written; 0 when absent
+
+	// The flags are side by side (a key's owner is most of its memory).
+	loaded bool
 	// stored is true when the store holds a keyrec.Record of the key (as far as
 	// this node knows): an absent key has nothing to keep alive.
 	stored bool
@@ -195,7 +197,10 @@ type owner struct {
 	// meanwhile is a blind create.
 	unread bool
 
-	busy     bool    // a load or write is outstanding
+	busy bool // a load or write is outstanding
+	// denying is true when the last call decided was denied (deny.go).
+	denying bool
+
 	loadAt   int64   // ns the outstanding load was asked for
 	queue    []*Call // waiting to be decided
 	inflight []*Call // decided, in the outstanding write
@@ -204,13 +209,10 @@ type owner struct {
 	// Async write-behind.
 	asyncWrite bool   // the outstanding write is a write-behind (no Call waits on it)
 	dirty      bool   // rec holds async changes not yet written (or in an outstanding write)
-	gen        uint64 // counts async changes
-	writeGen   uint64 // gen when the outstanding write was encoded
 	armed      bool   // a flush timer is pending
 	flushReq   bool   // the timer fired: write the dirty keyrec.Record
-	// lost counts async changes dropped by a lost CAS (the overshoot of
-	// async mode), for the driver's metrics.
-	lost int
+	gen        uint64 // counts async changes
+	writeGen   uint64 // gen when the outstanding write was encoded
 
 	// The usage of the admissions of strict and async calls: usage (and
 	// usageAsync, whether each is an async call's) are in rec and in no
@@ -231,10 +233,10 @@ type owner struct {
 	limits   []kvstate.Limit
 	limitsOf *policies.Policy
 	spare    []kvstate.State
-	// corrupt counts stored records that could not be decoded.
-	corrupt int
-	// denying is true when the last call decided was denied (deny.go).
-	denying bool
+	// lost counts async changes dropped by a lost CAS (the overshoot of
+	// async mode), and corrupt the stored records that could not be
+	// decoded, for the driver's metrics (it takes differences).
+	lost, corrupt int32
 }
 
 func newOwner(env Env, maxConflicts int, ttl int64) *owner {

@@ -70,35 +70,32 @@ func (t *Table) liveSetLocked(policy string) *liveSet {
 	return ls
 }
 
-// place gives e, new in the table for key, a place among c's policy's
-// live keys when the key has one (resting) or one is free; otherwise e is
-// a probe (its policy has MaxKeys live keys here), or, when a probe of
-// key found it absent since this node serves its partition, it reports
-// false: key overflows again, without a read. An overflow key's entry
-// takes no place and is no probe.
-func (t *Table) place(key string, e *Entry, c *Call) bool {
+// place finds key, new in the table, a place among c's policy's live
+// keys when it has one (resting) or one is free: it returns the set that
+// counts it. Otherwise the key is a probe (probe: its policy has MaxKeys
+// live keys here), or, when a probe of key found it absent since this
+// node serves its partition, ok is false: key overflows again, without a
+// read. An overflow key takes no place and is no probe.
+func (t *Table) place(key string, c *Call) (ls *liveSet, probe, ok bool) {
 	if c.Overflow {
-		return true
+		return nil, false, true
 	}
 	t.liveMu.Lock()
 	defer t.liveMu.Unlock()
-	ls := t.liveSetLocked(c.Policy.Name)
+	ls = t.liveSetLocked(c.Policy.Name)
 	if _, ok := ls.resting[key]; ok {
 		delete(ls.resting, key)
-		e.live = ls
-		return true
+		return ls, false, true
 	}
 	if ls.n < c.Policy.MaxKeys {
 		ls.n++
-		e.live = ls
 		delete(t.absent, key)
-		return true
+		return ls, false, true
 	}
 	if _, ok := t.absent[key]; ok {
-		return false
+		return nil, false, false
 	}
-	e.probe = c.Policy.Name
-	return true
+	return nil, true, true
 }
 
 // maxAbsent bounds Table.absent.

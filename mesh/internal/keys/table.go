@@ -218,15 +218,19 @@ func (t *Table) Submit(key string, c *Call, now int64, hint *atomic.Pointer[Entr
 			}
 		}
 		if e == nil {
-			e = &Entry{o: t.newOwner(), part: t.cfg.Partition(key)}
-			if !t.place(key, e, c) {
+			ls, probe, ok := t.place(key, c)
+			if !ok {
 				t.mu.Unlock()
 				c.Overflowed = true
 				c.Done.Finish(c)
 				return
 			}
+			e = &Entry{o: t.newOwner(), part: t.cfg.Partition(key), live: ls}
+			if probe {
+				e.probe = c.Policy.Name
+			}
 			// A probe is loaded first: a stored record makes it live.
-			e.o.blind = e.probe == "" && t.blindScore.Load() > 0
+			e.o.blind = !probe && t.blindScore.Load() > 0
 			t.entries[key] = e
 			e.mu.Lock()
 		}

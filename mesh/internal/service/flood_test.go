@@ -102,3 +102,28 @@ func TestMaxKeysOverflowKey(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkHandleOverflowed is the node's own cost of a request for a key
+// beyond its policy's max_keys, decided (denied) against the policy's
+// overflow key: the key is known absent, so no read; the call goes to the
+// overflow key's owner (here).
+func BenchmarkHandleOverflowed(b *testing.B) {
+	p := tbPolicy(b, "p", 4, "1/h", 1, `,"max_keys":1`)
+	n := offlineService(b, memStore{kvstate.NewMemStore()}, time.Second, p)
+	for _, body := range []string{`{"descriptor":{"tenant":"live"}}`, `{"descriptor":{"tenant":"over"}}`, `{"descriptor":{"tenant":"over"}}`} {
+		r := &fakeRequest{data: []byte(body), out: make(chan fakeReply, 1)}
+		n.Handle(r)
+		<-r.out
+	}
+	req := &nopRequest{data: []byte(`{"descriptor":{"tenant":"over"},"cost":"1"}`)}
+	for range 10 {
+		n.Handle(req)
+	}
+	for n.Inflight() != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		n.Handle(req)
+	}
+}

@@ -116,6 +116,8 @@ type benchConfig struct {
 	cpuProfile   string
 	candidates   int // shadow candidates on the run's descriptors (bench_shadow.go)
 	usage        bool // the embedded node publishes usage records (NoUsage when false)
+	maxKeys      int64       // the policy's max_keys; 0: none (the default)
+	flood        floodConfig // bench_flood.go
 }
 
 func benchFlags(s stdio) (*benchConfig, func([]string) error) {
@@ -138,6 +140,8 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.IntVar(&c.candidates, "candidates", 0, "shadow candidates to put on the run's descriptors; the shadow evaluation's lag is reported")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	fs.BoolVar(&c.verbose, "v", false, "log what the embedded node does")
+	fs.Int64Var(&c.maxKeys, "max-keys", 0, "max_keys of the bench policy: live keys per node beyond which new keys share one overflow key (0: the default)")
+	c.flood.register(fs)
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the decide phase (this process: the embedded node too) to `file`; "+
 		"pprof cannot pause, so with --rounds > 1 it also covers the echo slices between the first and the last decide slice")
 	fs.BoolVar(&c.usage, "usage", true, "the embedded node publishes usage records and keeps the ledger (false: usage off, to compare)")
@@ -204,7 +208,10 @@ func (c *benchConfig) validate() error {
 	if _, err := newKeyDist(1, c.zipf); err != nil {
 		return fmt.Errorf("--zipf: %v", err)
 	}
-	return nil
+	if c.maxKeys < 0 {
+		return fmt.Errorf("--max-keys %d: must be positive (0: the default)", c.maxKeys)
+	}
+	return c.flood.validate()
 }
 
 // benchPlan is one run's policy and request shape.
@@ -235,7 +242,7 @@ func newBenchPlan(c *benchConfig, run string) (*benchPlan, error) {
 	rate, _ := json.Marshal(c.rate)
 	p.policyDoc = fmt.Appendf(nil, `{"match":{"bench_run":%q},"key":["bench_run","key"],`+
 		`"limits":[{"name":"rate","algorithm":"token_bucket","rate":%s,"burst":%s}],`+
-		`"mode":%q,"description":"limitmesh bench run %s"}`, run, rate, burstJSON(c.burst), c.mode, run)
+		`"mode":%q%s,"description":"limitmesh bench run %s"}`, run, rate, burstJSON(c.burst), c.mode, maxKeysJSON(c.maxKeys), run)
 	pol, err := policies.Parse(p.policyName, p.policyDoc)
 	if err != nil {
 		return nil, fmt.Errorf("--rate %q / --burst %q: %v", c.rate, c.burst, err)
@@ -383,6 +390,11 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	for i := range tally {
 		tally[i].first.Store(math.MaxInt64)
 	}
+	fl, stopFlood, err := startFlood(ctx, c, plan, kv, connect, progress)
+	if err != nil {
+		return err
+	}
+	cleanup = append(cleanup, stopFlood)
 	echo := r.newPhase("echo", plan.echoSubj, nil)
 	decide := r.newPhase("decide", plan.decideSubj, tally)
 	if err := r.runRounds(ctx, echo, decide); err != nil {
@@ -392,8 +404,10 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	rep.Shadow = sh.finish(ctx, rep.Decisions, progress)
 	rep.UsageLagMs, rep.UsagePending, rep.usageNote = measureUsageLag(ctx, js, c)
 	rep.CPUPerDecisionUs, rep.EchoCPUPerRequestUs = cpuPer(decide.cpu, rep.Decisions), cpuPer(echo.cpu, rep.EchoRequests)
+	rep.Flood = fl.report()
 	rep.print(s.out, c, plan)
 	rep.Shadow.print(s.out)
+	rep.Flood.print(s.out)
 	if c.jsonOut {
 		b, _ := json.Marshal(rep)
 		fmt.Fprintln(s.out, string(b))
@@ -1086,6 +1100,9 @@ type benchReport struct {
 	// This process's CPU time per reply in each phase (bench_cpu.go).
 	CPUPerDecisionUs    float64 `json:"cpu_us_per_decision"`
 	EchoCPUPerRequestUs float64 `json:"echo_cpu_us_per_request"`
+	// Flood is the --flood load's figures (bench_flood.go); absent
+	// without one.
+	Flood *floodReport `json:"flood,omitempty"`
 }
 
 func (r *benchRun) report(echo, decide *phaseResult, tally []keyTally) *benchReport {

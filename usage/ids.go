@@ -103,10 +103,12 @@ func (p JournalPos) Less(q JournalPos) bool {
 
 // ParseJournalID splits a journalled record's id into its origin
 // ("<node>.<boot>", everything before the last two tokens) and position.
-// ok is false for any other id (ordinary ids among them).
+// ok is false for any other id (ordinary ids among them), and for numbers
+// not written as JournalID writes them (a leading zero): one position has
+// one id, so the ledger's watermarks never take one record for another.
 func ParseJournalID(id string) (origin string, pos JournalPos, ok bool) {
 	i := strings.LastIndexByte(id, '.')
-	if i <= 0 {
+	if i <= 0 || !canonicalUint(id[i+1:]) {
 		return "", JournalPos{}, false
 	}
 	idx, err := strconv.ParseUint(id[i+1:], 10, 32)
@@ -114,7 +116,7 @@ func ParseJournalID(id string) (origin string, pos JournalPos, ok bool) {
 		return "", JournalPos{}, false
 	}
 	j := strings.LastIndexByte(id[:i], '.')
-	if j <= 0 || !isJournalToken(id[j+1:i]) {
+	if j <= 0 || !isJournalToken(id[j+1:i]) || !canonicalUint(id[j+2:i]) {
 		return "", JournalPos{}, false
 	}
 	jseq, err := strconv.ParseUint(id[j+2:i], 10, 64)
@@ -123,3 +125,8 @@ func ParseJournalID(id string) (origin string, pos JournalPos, ok bool) {
 	}
 	return id[:j], JournalPos{JSeq: jseq, Idx: uint32(idx)}, true
 }
+
+// canonicalUint reports whether s is a decimal number as strconv writes
+// one: no leading zero (except "0" itself). The digits are checked by the
+// caller's parse.
+func canonicalUint(s string) bool { return len(s) < 2 || s[0] != '0' }

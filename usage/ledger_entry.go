@@ -141,7 +141,7 @@ func ParseTotals(data []byte) (Totals, error) {
 		d *apd.Decimal
 	}{{j.AllowedUnits, &t.AllowedUnits}, {j.DeniedUnits, &t.DeniedUnits}} {
 		d, _, err := apd.NewFromString(u.s)
-		if err != nil || d.Form != apd.Finite || d.Negative {
+		if err != nil || d.Form != apd.Finite || d.Negative || !ledgerUnits(d) {
 			return Totals{}, fmt.Errorf("%w: units %q", ErrCorruptEntry, u.s)
 		}
 		u.d.Set(d)
@@ -150,6 +150,20 @@ func ParseTotals(data []byte) (Totals, error) {
 		return Totals{}, fmt.Errorf("%w: negative count", ErrCorruptEntry)
 	}
 	return t, nil
+}
+
+// maxUnitDigits bounds the integer digits of a stored total: sums of
+// costs of at most 1e9 units each stay far below 10^40.
+const maxUnitDigits = 40
+
+// ledgerUnits reports whether d (units) is a total the ledger can hold
+// and add to: at most 6 fractional digits (micro-units) once trailing
+// zeros are dropped, and at most maxUnitDigits integer digits. (An
+// exponent near apd's limit made the next addition fail.)
+func ledgerUnits(d *apd.Decimal) bool {
+	var r apd.Decimal
+	r.Reduce(d)
+	return r.Exponent >= -6 && r.NumDigits()+int64(r.Exponent) <= maxUnitDigits
 }
 
 // MicroUnits returns d (units) in micro-units and whether it fits int64

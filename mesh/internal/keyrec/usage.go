@@ -71,6 +71,9 @@ func DecodeUsage(b []byte) ([]Usage, error) {
 		if r.err == nil && nd > policies.MaxDims {
 			r.fail("too many dimensions")
 		}
+		if r.err != nil {
+			break // nd is unchecked: allocate nothing by it
+		}
 		dims := make([]policies.Dim, 0, nd)
 		for j := uint64(0); j < nd && r.err == nil; j++ {
 			name := string(r.bytes(r.uvarint("dimension name length"), "dimension name"))

@@ -22,6 +22,13 @@ import (
 // are past keyrec.DedupeWindow, so eviction never adds admissions. When the
 // table is full of keys that are not at rest, a new key is answered 503
 // (unavailable) rather than admitted without a limit.
+//
+// Each policy keeps at most its max_keys keys here (CONTRACT.md §9): a new
+// key of a policy that has them finishes with Call.Overflowed set,
+// nothing decided, and the caller decides it against the policy's
+// overflow key (Call.Overflow), which takes no place. Since a key leaves
+// only at rest, the keys held are exactly the live ones, and a key held
+// is never moved to overflow.
 
 // DefaultLocalMaxKeys is the most local-mode keys one node holds.
 const DefaultLocalMaxKeys = 100_000
@@ -36,6 +43,9 @@ type localTable struct {
 	m         map[string]*localEntry
 	max       int
 	lastSweep int64 // ns
+	// perPolicy counts the keys held of each policy (the overflow keys
+	// not counted).
+	perPolicy map[string]int64
 }
 
 // localEntry is one local-mode key: an owner core that is always loaded
@@ -43,11 +53,12 @@ type localTable struct {
 type localEntry struct {
 	mu       sync.Mutex
 	o        *owner
-	lastUsed int64 // ns
+	lastUsed int64  // ns
+	policy   string // the policy it is counted for; "" for an overflow key
 }
 
 func newLocalTable(max int) *localTable {
-	return &localTable{m: make(map[string]*localEntry), max: max}
+	return &localTable{m: make(map[string]*localEntry), max: max, perPolicy: make(map[string]int64)}
 }
 
 func (t *localTable) len() int {
@@ -56,14 +67,21 @@ func (t *localTable) len() int {
 	return len(t.m)
 }
 
-// decide decides c for key at now and finishes it (c.out or c.err); the
-// caller replies.
+// decide decides c for key at now and finishes it (c.Out, c.Err or
+// c.Overflowed); the caller replies.
 func (t *localTable) decide(env Env, key string, c *Call, now int64) {
 	t.mu.Lock()
 	e := t.m[key]
 	if e == nil {
-		if len(t.m) >= t.max && now-t.lastSweep >= localSweepEvery {
+		capped := !c.Overflow && t.perPolicy[c.Policy.Name] >= c.Policy.MaxKeys
+		if (capped || len(t.m) >= t.max) && now-t.lastSweep >= localSweepEvery {
 			t.sweepLocked(env, now)
+			capped = capped && t.perPolicy[c.Policy.Name] >= c.Policy.MaxKeys
+		}
+		if capped {
+			t.mu.Unlock()
+			c.Overflowed = true
+			return
 		}
 		if len(t.m) >= t.max {
 			t.mu.Unlock()
@@ -73,6 +91,10 @@ func (t *localTable) decide(env Env, key string, c *Call, now int64) {
 		o := newOwner(env, 1, 0)
 		o.loaded = true
 		e = &localEntry{o: o}
+		if !c.Overflow {
+			e.policy = c.Policy.Name
+			t.perPolicy[e.policy]++
+		}
 		t.m[key] = e
 	}
 	e.mu.Lock()
@@ -98,6 +120,11 @@ func (t *localTable) sweepLocked(env Env, now int64) {
 		}
 		if atRest(env, &e.o.rec, now-e.lastUsed) {
 			delete(t.m, k)
+			if e.policy != "" {
+				if t.perPolicy[e.policy]--; t.perPolicy[e.policy] <= 0 {
+					delete(t.perPolicy, e.policy)
+				}
+			}
 		}
 		e.mu.Unlock()
 	}

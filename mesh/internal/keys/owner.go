@@ -95,12 +95,21 @@ type Call struct {
 	HasID    bool
 	DryRun   bool
 	Deadline int64 // ns; the call fails with fail.ErrUnavailable at or after it
+	// Overflow marks a call for its policy's overflow key
+	// (policies.Policy.OverflowKey): that key takes no place among the
+	// policy's live keys (overflow.go).
+	Overflow bool
 
 	// Results, set when the call is finished.
 	Out keyrec.Decision
 	Err error
 	// Deduped is true when the reply is a remembered request_id's.
 	Deduped bool
+	// Overflowed is set, with nothing decided (no Out, no Err), when the
+	// call's key is new to this node and its policy has max_keys live
+	// keys here (overflow.go): the caller decides the call again against
+	// the policy's overflow key.
+	Overflowed bool
 
 	// Done is the driver's continuation (the reply to send); the core
 	// never reads it.
@@ -166,12 +175,14 @@ type owner struct {
 	lastWrite int64 // ns of the batch of the last acknowledged write; 0 after a load
 	batchAt   int64 // ns of the outstanding write's batch
 
-	loaded bool
 	// rec is the node's view of the key when loaded: the stored keyrec.Record
 	// plus every change decided since (in the outstanding write, or
 	// unwritten async changes).
 	rec keyrec.Record
 	rev uint64 // the revision of the last keyrec.Record read or written; 0 when absent
+
+	// The flags are side by side (a key's owner is most of its memory).
+	loaded bool
 	// stored is true when the store holds a keyrec.Record of the key (as far as
 	// this node knows): an absent key has nothing to keep alive.
 	stored bool
@@ -186,7 +197,10 @@ type owner struct {
 	// meanwhile is a blind create.
 	unread bool
 
-	busy     bool    // a load or write is outstanding
+	busy bool // a load or write is outstanding
+	// denying is true when the last call decided was denied (deny.go).
+	denying bool
+
 	loadAt   int64   // ns the outstanding load was asked for
 	queue    []*Call // waiting to be decided
 	inflight []*Call // decided, in the outstanding write
@@ -195,13 +209,10 @@ type owner struct {
 	// Async write-behind.
 	asyncWrite bool   // the outstanding write is a write-behind (no Call waits on it)
 	dirty      bool   // rec holds async changes not yet written (or in an outstanding write)
-	gen        uint64 // counts async changes
-	writeGen   uint64 // gen when the outstanding write was encoded
 	armed      bool   // a flush timer is pending
 	flushReq   bool   // the timer fired: write the dirty keyrec.Record
-	// lost counts async changes dropped by a lost CAS (the overshoot of
-	// async mode), for the driver's metrics.
-	lost int
+	gen        uint64 // counts async changes
+	writeGen   uint64 // gen when the outstanding write was encoded
 
 	// The usage of the admissions of strict and async calls: usage (and
 	// usageAsync, whether each is an async call's) are in rec and in no
@@ -222,8 +233,10 @@ type owner struct {
 	limits   []kvstate.Limit
 	limitsOf *policies.Policy
 	spare    []kvstate.State
-	// corrupt counts stored records that could not be decoded.
-	corrupt int
+	// lost counts async changes dropped by a lost CAS (the overshoot of
+	// async mode), and corrupt the stored records that could not be
+	// decoded, for the driver's metrics (it takes differences).
+	lost, corrupt int32
 }
 
 func newOwner(env Env, maxConflicts int, ttl int64) *owner {
@@ -657,6 +670,7 @@ func (o *owner) decideWith(rec *keyrec.Record, c *Call, p *policies.Policy, now 
 	// Decide into the spare buffer; on admission the buffers swap (rec is
 	// the owner's own record, never shared: writes carry encoded bytes).
 	kd, states := kvstate.DecideAll(o.limits, rec.States, now, c.Cost, o.spare)
+	o.denying = !kd.Allowed
 	d := keyrec.Decision{
 		Allowed:    kd.Allowed,
 		Policy:     p.Name,

@@ -142,6 +142,11 @@ func (t *Table) applyLoad(key string, e *Entry, o *owner, val []byte, rev uint64
 		e.mu.Unlock()
 		return
 	}
+	if e.probe != "" && t.concludeProbe(key, e, o, err) {
+		e.mu.Unlock()
+		t.forget(key, e)
+		return
+	}
 	before := o.corrupt
 	o.loadedResult(val, rev, err)
 	corrupt := o.corrupt - before

@@ -14,6 +14,7 @@ package keys
 
 import (
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -95,6 +96,14 @@ type Table struct {
 	mu      sync.Mutex
 	entries map[string]*Entry
 
+	// liveMu guards live, each policy's live keys (overflow.go). Lock
+	// order: mu, then an Entry's mu, then liveMu.
+	liveMu sync.Mutex
+	live   map[string]*liveSet
+	// absent holds keys (with their partition) that a probe found absent
+	// from the store: they overflow again without a read (overflow.go).
+	absent map[string]int
+
 	// blindScore says whether new owners may try a blind create (owner.go):
 	// it rises when a key read for the first time is absent or a blind
 	// create wins, and falls (faster) when such a key exists or a blind
@@ -121,6 +130,12 @@ type Entry struct {
 	lastUsed int64 // ns
 	gone     bool  // removed from the table (a hint to it is stale)
 	part     int
+	// live is the live set the key is counted in (overflow.go); nil for
+	// an overflow key and a probe. probe is, for a key new to this node
+	// beyond its policy's max_keys, that policy's name: its first load
+	// decides whether it is live already or overflows.
+	live  *liveSet
+	probe string
 }
 
 // New returns an empty table.
@@ -144,7 +159,7 @@ func New(cfg Config) *Table {
 		cfg.Partition = func(string) int { return 0 }
 	}
 	t := &Table{cfg: cfg, log: cfg.Log, m: cfg.Metrics, entries: make(map[string]*Entry),
-		local: newLocalTable(cfg.LocalMaxKeys)}
+		live: make(map[string]*liveSet), absent: make(map[string]int), local: newLocalTable(cfg.LocalMaxKeys)}
 	t.blindScore.Store(blindScoreStart)
 	return t
 }
@@ -195,13 +210,30 @@ func (t *Table) Submit(key string, c *Call, now int64, hint *atomic.Pointer[Entr
 	}
 	if e == nil {
 		t.mu.Lock()
-		e = t.entries[key]
-		if e == nil {
-			e = &Entry{o: t.newOwner(), part: t.cfg.Partition(key)}
-			e.o.blind = t.blindScore.Load() > 0
-			t.entries[key] = e
+		if e = t.entries[key]; e != nil {
+			e.mu.Lock()
+			if e.gone { // a probe that overflowed, on its way out
+				e.mu.Unlock()
+				e = nil
+			}
 		}
-		e.mu.Lock()
+		if e == nil {
+			ls, probe, ok := t.place(key, c)
+			if !ok {
+				t.mu.Unlock()
+				c.Overflowed = true
+				c.Done.Finish(c)
+				return
+			}
+			e = &Entry{o: t.newOwner(), part: t.cfg.Partition(key), live: ls}
+			if probe {
+				e.probe = c.Policy.Name
+			}
+			// A probe is loaded first: a stored record makes it live.
+			e.o.blind = !probe && t.blindScore.Load() > 0
+			t.entries[key] = e
+			e.mu.Lock()
+		}
 		t.mu.Unlock()
 		if hint != nil {
 			hint.Store(e)
@@ -213,6 +245,11 @@ func (t *Table) Submit(key string, c *Call, now int64, hint *atomic.Pointer[Entr
 		if arm {
 			t.armFlush(key, e)
 		}
+		c.Done.Finish(c)
+		return
+	}
+	if !e.running && e.o.denyInline(c, now) {
+		e.mu.Unlock()
 		c.Done.Finish(c)
 		return
 	}
@@ -236,16 +273,25 @@ func (t *Table) Sweep(now int64, idle time.Duration) {
 	for k, e := range t.entries {
 		e.mu.Lock()
 		if !e.running && e.o.idle() && e.lastUsed < cutoff {
-			t.removeLocked(k, e)
+			t.removeLocked(k, e, now, true)
 		}
 		e.mu.Unlock()
 	}
+	t.pruneResting(now, -1)
 }
 
-// removeLocked removes key's entry e; the caller holds t.mu and e.mu.
-func (t *Table) removeLocked(key string, e *Entry) {
-	e.gone = true
-	delete(t.entries, key)
+// removeLocked removes key's entry e at now, releasing its place among
+// the live keys (rest: swept for idleness, it rests until its state is
+// at rest; otherwise its partition moved away); the caller holds t.mu
+// and e.mu.
+func (t *Table) removeLocked(key string, e *Entry, now int64, rest bool) {
+	if t.entries[key] == e {
+		delete(t.entries, key)
+	}
+	if !e.gone {
+		e.gone = true
+		t.release(key, e, now, rest)
+	}
 }
 
 // DropPartition drops the idle entries of partition p (its keys are
@@ -260,10 +306,11 @@ func (t *Table) DropPartition(p int) {
 		}
 		e.mu.Lock()
 		if !e.running && e.o.idle() {
-			t.removeLocked(k, e)
+			t.removeLocked(k, e, 0, false)
 		}
 		e.mu.Unlock()
 	}
+	t.pruneResting(math.MinInt64, p)
 }
 
 // FlushPartition writes the unwritten async changes of partition p's keys

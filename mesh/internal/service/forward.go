@@ -29,6 +29,11 @@ const (
 	// got a forwarded request for a partition it does not serve; the
 	// forwarder retries.
 	NotOwnerHeader = "Limitmesh-Not-Owner"
+	// OverflowHeader marks a forwarded request to be decided against its
+	// policy's overflow key (its own key is new beyond max_keys at its
+	// owner, which forwards it to the overflow key's owner). Only
+	// honoured on shard subjects, with HopHeader.
+	OverflowHeader = "Limitmesh-Overflow"
 )
 
 // forwardRetry is the pause between attempts while a partition has no
@@ -67,6 +72,9 @@ func (s *Service) forward(rq *routed) {
 		m.Data = r.Data()
 		m.Header.Set(HopHeader, "1")
 		m.Header.Set(TimeoutHeader, strconv.FormatInt(int64(left), 10))
+		if rq.overflow {
+			m.Header.Set(OverflowHeader, "1")
+		}
 		if info := r.Headers()[auth.RequestInfoHeader]; len(info) > 0 {
 			// The owner binds the tenant again: only nodes (the limiter
 			// account) publish on shard subjects, so it trusts the header.

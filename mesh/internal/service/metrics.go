@@ -18,6 +18,11 @@ type Metrics struct {
 	errors    *prometheus.CounterVec // code
 	deduped   prometheus.Counter     // replies from a remembered request_id
 	forwarded *prometheus.CounterVec // outcome: ok, retry, not_owner, unavailable
+	// overflow counts requests of keys new beyond their policy's
+	// max_keys, decided against its overflow key (by policy);
+	// overflowBy caches its counters by policy name.
+	overflow   *prometheus.CounterVec
+	overflowBy sync.Map
 }
 
 // NewMetrics registers the service's collectors on reg.
@@ -44,8 +49,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "limitmesh_forwarded_total",
 			Help: "Forwarding attempts of decide requests to a partition's owner, by outcome (ok: relayed reply; retry: no owner reachable yet; not_owner: a forwarded request for a partition this node does not own; unavailable: deadline passed).",
 		}, []string{"outcome"}),
+		overflow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitmesh_overflow_total",
+			Help: "Decide requests for a limit key new beyond its policy's max_keys on the key's owner, decided against the policy's shared overflow key.",
+		}, []string{"policy"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.errors, m.deduped, m.forwarded} {
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.errors, m.deduped, m.forwarded, m.overflow} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -76,4 +85,14 @@ func (m *Metrics) decision(policy string, res int) {
 		v, _ = m.byPolicy.LoadOrStore(policy, rc)
 	}
 	v.(*resultCounters)[res].Inc()
+}
+
+// overflowed counts one request of policy decided against its overflow
+// key.
+func (m *Metrics) overflowed(policy string) {
+	v, ok := m.overflowBy.Load(policy)
+	if !ok {
+		v, _ = m.overflowBy.LoadOrStore(policy, m.overflow.WithLabelValues(policy))
+	}
+	v.(prometheus.Counter).Inc()
 }

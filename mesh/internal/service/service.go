@@ -96,6 +96,11 @@ type routed struct {
 	deadline time.Time // decision deadline on this node
 	hopped   bool      // it was forwarded to this node (never forward again)
 	noHint   bool      // the reply carries no partition hint (a tenant caller may not use shard subjects)
+	// overflow: the call is decided against its policy's overflow key
+	// (key and part are that key's); keyPart is the partition of the
+	// request's own limit key, the reply's partition hint.
+	overflow bool
+	keyPart  int
 
 	c    keys.Call   // the call being decided (submit)
 	slot *route.Slot // counts c in flight in its partition; nil: not counted
@@ -187,12 +192,17 @@ func (s *Service) Handle(r micro.Request) {
 	if rq == nil {
 		rq = new(routed)
 	}
-	*rq = routed{s: s, r: r, req: req, p: p, key: key, part: part, hint: hint, start: start,
+	*rq = routed{s: s, r: r, req: req, p: p, key: key, part: part, keyPart: part, hint: hint, start: start,
 		deadline: start.Add(s.cfg.DecisionTimeout), noHint: caller != ""}
 	if h := r.Headers(); h != nil {
 		rq.hopped = h.Get(HopHeader) != ""
 		if ns, err := strconv.ParseInt(h.Get(TimeoutHeader), 10, 64); err == nil && ns > 0 && time.Duration(ns) < s.cfg.DecisionTimeout {
 			rq.deadline = start.Add(time.Duration(ns))
+		}
+		if _, shard := r.(msgRequest); shard && rq.hopped && h.Get(OverflowHeader) != "" {
+			// The owner of the request's key sent it to the overflow
+			// key's owner (only nodes publish on shard subjects).
+			s.toOverflow(rq)
 		}
 	}
 	handed = true
@@ -237,6 +247,7 @@ func (s *Service) submit(rq *routed, slot *route.Slot, at time.Time) {
 	if rq.req.id != "" {
 		rq.c.ID, rq.c.HasID = keyrec.IDHash(rq.req.id), true
 	}
+	rq.c.Overflow = rq.overflow
 	rq.slot = slot
 	s.cfg.Keys.Submit(rq.key, &rq.c, now, rq.hint)
 }
@@ -252,6 +263,17 @@ func (rq *routed) Finish(c *keys.Call) {
 		// Nothing was written: this node lost the partition while
 		// deciding. The new owner decides.
 		go s.forward(rq)
+		return
+	}
+	if c.Overflowed && !rq.overflow {
+		// The key is new beyond its policy's max_keys here: the
+		// policy's overflow key decides, wherever it is owned.
+		if !c.DryRun {
+			s.m.overflowed(rq.p.Name)
+		}
+		s.toOverflow(rq)
+		rq.hopped = false // this node forwards it, if it must
+		s.route(rq, s.cfg.Runtime.Now())
 		return
 	}
 	s.finish(c, rq)
@@ -287,7 +309,7 @@ func (s *Service) finish(c *keys.Call, rq *routed) {
 		s.m.decision(c.Out.Policy, resDenied)
 		s.record(rq, c)
 	}
-	part := rq.part
+	part := rq.keyPart
 	if rq.p.Mode == policies.ModeLocal || rq.noHint {
 		part = -1 // any node decides a local key; a tenant may not use shard subjects
 	}
@@ -351,6 +373,18 @@ func (s *Service) replyError(r micro.Request, policy string, start time.Time, er
 	}
 	s.m.duration.Observe(s.cfg.Runtime.Now().Sub(start).Seconds())
 	s.inflight.Add(-1)
+}
+
+// toOverflow makes rq a call for its policy's overflow key (CONTRACT.md
+// §9): the key, its partition, and no entry hint (the memo's is the
+// request's own key's).
+func (s *Service) toOverflow(rq *routed) {
+	rq.overflow = true
+	rq.key = rq.p.OverflowKey()
+	rq.hint = nil
+	if s.cfg.Route != nil {
+		rq.part = ownership.PartitionOf(rq.key, s.cfg.Route.Parts())
+	}
 }
 
 // bindTenant applies the binding of a tenant caller's request (own: the

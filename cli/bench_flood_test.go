@@ -1,0 +1,94 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/limitmesh/limitmesh/policies"
+)
+
+// TestBenchFlood runs bench with a flood of 20 times a 1/s key next to the
+// measured load: the flood's figures are in the report and its --json
+// line, about F-1 in F of its requests are denied, and none of them
+// reaches the measured keys (no overshoot, no unmatched decisions).
+func TestBenchFlood(t *testing.T) {
+	code, m, out, errOut := benchJSON(t, "--duration", "400ms", "--echo-duration", "200ms", "--rounds", "1",
+		"--keys", "20", "--concurrency", "4", "--conns", "1", "--flood", "20", "--flood-rate", "10/s", "--flood-burst", "1")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	checkRun(t, m)
+	f, ok := m["flood"].(map[string]any)
+	if !ok {
+		t.Fatalf("--json line lacks the flood: %v", m)
+	}
+	if num(t, f, "factor") != 20 || f["rate"] != "10/s" || num(t, f, "offered_per_sec") != 200 {
+		t.Errorf("flood settings not reported: %v", f)
+	}
+	sent, admitted, denied := num(t, f, "sent"), num(t, f, "admitted"), num(t, f, "denied")
+	if sent <= 0 || denied <= 0 || admitted+denied+num(t, f, "errors")+num(t, f, "unanswered") != sent {
+		t.Errorf("flood counts do not add up: %v", f)
+	}
+	// 1 + 10/s over the run's length, which is at most a few seconds
+	// here; the flood offers 200/s.
+	if admitted > 1+10*num(t, f, "duration_s")+1 {
+		t.Errorf("the flood key admitted %v in %vs, more than its limit", admitted, f["duration_s"])
+	}
+	if !strings.Contains(out, "flood: 20 x 10/s offered 200/s") {
+		t.Errorf("report lacks the flood line:\n%s", out)
+	}
+}
+
+// TestBenchFloodConfig: the flood's rate is F times its key's rate, its
+// policy parses, and bad flood flags are refused.
+func TestBenchFloodConfig(t *testing.T) {
+	for _, tc := range []struct {
+		f    floodConfig
+		want float64
+	}{
+		{floodConfig{factor: 10, rate: "1000/s", burst: "100"}, 10000},
+		{floodConfig{factor: 2.5, rate: "60/m", burst: "1"}, 2.5},
+		{floodConfig{factor: 10, rate: "36/h", burst: "1"}, 0.1},
+	} {
+		got, err := tc.f.perSecond()
+		if err != nil || got < tc.want*0.999999 || got > tc.want*1.000001 {
+			t.Errorf("%+v: %v/s, %v; want %v/s", tc.f, got, err, tc.want)
+		}
+		p, err := policies.Parse("bench-flood-r", tc.f.policyDoc("r", "async"))
+		if err != nil || p.Mode != policies.ModeAsync || len(p.Match) != 2 {
+			t.Errorf("%+v: policy %+v, %v", tc.f, p, err)
+		}
+	}
+	for _, args := range [][]string{
+		{"--flood", "-1"},
+		{"--flood", "10", "--flood-rate", "fast"},
+		{"--flood", "10", "--flood-burst", "0"},
+		{"--max-keys", "-5"},
+	} {
+		code, _, errOut := run(t, nil, append([]string{"bench"}, args...)...)
+		if code != 2 || errOut == "" {
+			t.Errorf("bench %v: exit %d, stderr %q; want 2 and a message", args, code, errOut)
+		}
+	}
+	if maxKeysJSON(0) != "" || maxKeysJSON(100000) != `,"max_keys":100000` {
+		t.Errorf("maxKeysJSON: %q %q", maxKeysJSON(0), maxKeysJSON(100000))
+	}
+}
+
+// TestBenchMaxKeys: with --max-keys 5 on one node, 50 keys are admitted
+// as at most 6 (5 live keys and the policy's overflow key): at most
+// 6 × (burst + rate × the run).
+func TestBenchMaxKeys(t *testing.T) {
+	start := time.Now()
+	code, m, out, errOut := benchJSON(t, "--duration", "300ms", "--echo-duration", "100ms", "--rounds", "1",
+		"--keys", "50", "--zipf", "0", "--concurrency", "8", "--conns", "2", "--rate", "1/s", "--burst", "2", "--max-keys", "5")
+	wall := time.Since(start)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	checkRun(t, m)
+	if admitted, allowed := num(t, m, "admitted"), 6*(2+wall.Seconds()); admitted > allowed {
+		t.Errorf("admitted %v on 50 keys with max_keys 5 within %s, more than 6 keys' worth (%.1f)", admitted, wall, allowed)
+	}
+}

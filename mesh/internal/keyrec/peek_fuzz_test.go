@@ -1,0 +1,25 @@
+package keyrec
+
+import "testing"
+
+// FuzzPeekPolicy: peeking at a stored value (any bytes in the state
+// bucket) never panics, and agrees with Decode on every value Decode
+// accepts: the policy, the revision and the version.
+func FuzzPeekPolicy(f *testing.F) {
+	f.Add(Append(nil, new(sampleRecord())))
+	f.Add(Append(nil, &Record{}))
+	f.Add([]byte{1})
+	f.Add([]byte{2, 200, 200, 200, 200, 200, 200, 200, 200, 200, 1})
+	f.Add([]byte{2, 1, 'p', 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		name, rev, ok := PeekPolicy(b)
+		v, vok := PeekVersion(b)
+		r, err := Decode(b)
+		if err != nil {
+			return
+		}
+		if !ok || !vok || name != r.Policy || rev != r.Revision || v != r.Version {
+			t.Fatalf("peek %q@%d v%d (%v %v); Decode %q@%d v%d", name, rev, v, ok, vok, r.Policy, r.Revision, r.Version)
+		}
+	})
+}

@@ -114,8 +114,8 @@ type benchConfig struct {
 	quiet        bool
 	verbose      bool
 	cpuProfile   string
-	candidates   int // shadow candidates on the run's descriptors (bench_shadow.go)
-	usage        bool // the embedded node publishes usage records (NoUsage when false)
+	candidates   int         // shadow candidates on the run's descriptors (bench_shadow.go)
+	usage        bool        // the embedded node publishes usage records (NoUsage when false)
 	maxKeys      int64       // the policy's max_keys; 0: none (the default)
 	flood        floodConfig // bench_flood.go
 }

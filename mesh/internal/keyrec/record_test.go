@@ -114,6 +114,7 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add(Append(nil, new(sampleRecord())))
 	f.Add(Append(nil, &Record{}))
 	f.Add(Append(nil, new(bigRecord())))
+	f.Add(Append(nil, new(grantRecord())))
 	f.Add([]byte{1})
 	f.Add([]byte{1, 200, 200, 200, 200, 200, 200, 200, 200, 200, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {

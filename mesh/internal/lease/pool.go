@@ -45,10 +45,10 @@ type Sub struct {
 
 // Pool is one key's held grants and sub-grants.
 type Pool struct {
-	p    Params
-	held []Held
-	subs []Sub
-	seq  *uint64 // the node's sub-grant id sequence
+	p      Params
+	held   []Held
+	subs   []Sub
+	nextID func() uint64 // the node's sub-grant ids
 	// acquiring: a request to the owner is in flight.
 	acquiring bool
 	// deniedUntil: the owner answered Exhausted; requests are denied
@@ -60,10 +60,10 @@ type Pool struct {
 	lastReport  int64
 }
 
-// NewPool returns an empty pool for a policy's params; seq is the node's
-// sub-grant id sequence (shared by its pools: a sub-grant id names one
-// sub-grant of the node).
-func NewPool(p Params, seq *uint64) *Pool { return &Pool{p: p, seq: seq} }
+// NewPool returns an empty pool for a policy's params; nextID returns the
+// node's next sub-grant id (shared by its pools, so a sub-grant id names
+// one sub-grant of the node; it must be safe for concurrent use).
+func NewPool(p Params, nextID func() uint64) *Pool { return &Pool{p: p, nextID: nextID} }
 
 // SetParams changes the pool's params (a new revision of the policy);
 // grants held keep their deadlines.
@@ -146,8 +146,7 @@ func (pl *Pool) Carve(now int64, holder string, want, least int64) (Sub, bool) {
 	units := min(want, h.Left())
 	h.Used += units
 	h.subs++
-	*pl.seq++
-	s := Sub{ID: *pl.seq, Epoch: h.Epoch, Grant: h.ID, Holder: holder, Units: units, Deadline: h.Deadline}
+	s := Sub{ID: pl.nextID(), Epoch: h.Epoch, Grant: h.ID, Holder: holder, Units: units, Deadline: h.Deadline}
 	pl.subs = append(pl.subs, s)
 	return s, true
 }
@@ -250,12 +249,15 @@ func (pl *Pool) Refused(now int64, o Outcome, retryAfter int64) {
 // or unused for a quarter ttl with no sub-grant out: another holder may
 // need the units), removed from the pool, and the held grants to report
 // (Used changed since the last report, at most once a quarter ttl), marked
-// reported. Expired sub-grants are dropped (their units stay used).
-func (pl *Pool) Due(now int64) (returns, reports []Held) {
+// reported, and the ids of the sub-grants that ended (dropped: their
+// units stay used).
+func (pl *Pool) Due(now int64) (returns, reports []Held, ended []uint64) {
 	subs := pl.subs[:0]
 	for _, s := range pl.subs {
 		if now < s.Deadline {
 			subs = append(subs, s)
+		} else {
+			ended = append(ended, s.ID)
 		}
 	}
 	clear(pl.subs[len(subs):])
@@ -283,7 +285,7 @@ func (pl *Pool) Due(now int64) (returns, reports []Held) {
 			pl.lastReport = now
 		}
 	}
-	return returns, reports
+	return returns, reports, ended
 }
 
 // MarkStale records that the owner refused a report of grant id: it is
@@ -300,9 +302,26 @@ func (pl *Pool) MarkStale(id, epoch uint64) {
 // sub-grants stay with the gateways until they end, counted as used.
 func (pl *Pool) Drain() []Held {
 	h := pl.held
-	pl.held, pl.subs = nil, nil
+	pl.held = nil
 	return h
 }
+
+// Refusal returns how requests are decided at now when no held grant has
+// their units: Denied until the owner's Exhausted answer runs out (and for
+// how long), else Remote.
+func (pl *Pool) Refusal(now int64) (SpendResult, int64) {
+	if now < pl.deniedUntil {
+		return Denied, pl.deniedUntil - now
+	}
+	return Remote, 0
+}
+
+// Backoff reports whether the owner's last refusal (or failure) still
+// keeps the pool from asking for a grant at now.
+func (pl *Pool) Backoff(now int64) bool { return now < pl.deniedUntil || now < pl.remoteUntil }
+
+// LastUse returns the instant of the last Spend or Carve.
+func (pl *Pool) LastUse() int64 { return pl.lastUse }
 
 // Idle reports whether the pool holds nothing and asks for nothing: it
 // may be forgotten.

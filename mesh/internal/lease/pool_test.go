@@ -11,8 +11,8 @@ import (
 // more when under half a grant is held for the next quarter ttl, and
 // returns its grants at their deadline or when unused for a quarter ttl.
 func TestPoolSteps(t *testing.T) {
-	var seq uint64 = 100
-	pl := NewPool(acmeParams, &seq) // size 10, ttl 2 s: deadline = sent + 1.8 s
+	seq := uint64(100)
+	pl := NewPool(acmeParams, func() uint64 { seq++; return seq }) // size 10, ttl 2 s: deadline = sent + 1.8 s
 	if r, _, _ := pl.Spend(0, u); r != Remote {
 		t.Fatalf("empty pool spends: %v", r)
 	}
@@ -66,7 +66,7 @@ func TestPoolSteps(t *testing.T) {
 		t.Fatalf("returned twice: %v", err)
 	}
 	// Reports: both grants changed.
-	rets, reps := pl.Due(600 * ms)
+	rets, reps, _ := pl.Due(600 * ms)
 	if len(rets) != 0 || len(reps) != 2 || reps[0].Used != 6*u || reps[1].Used != 3*u {
 		t.Fatalf("due = %+v %+v", rets, reps)
 	}
@@ -76,13 +76,13 @@ func TestPoolSteps(t *testing.T) {
 	if r, _, _ := pl.Spend(700*ms, u); r != Spent {
 		t.Fatal("a stale grant is not spent")
 	}
-	rets, reps = pl.Due(1100 * ms)
+	rets, reps, _ = pl.Due(1100 * ms)
 	if len(rets) != 0 || len(reps) != 0 {
 		t.Fatalf("due after MarkStale: %+v %+v", rets, reps)
 	}
 	// Unused since 700 ms, a quarter ttl later both go back, with what
 	// they used.
-	rets, _ = pl.Due(1200 * ms)
+	rets, _, _ = pl.Due(1200 * ms)
 	if len(rets) != 2 || rets[0].Used != 7*u || rets[1].Used != 3*u || !pl.Idle() {
 		t.Fatalf("returns = %+v, idle %v", rets, pl.Idle())
 	}
@@ -93,7 +93,7 @@ func TestPoolSteps(t *testing.T) {
 // sub-grant is never carved from a grant ending within a quarter ttl.
 func TestPoolRefusals(t *testing.T) {
 	var seq uint64
-	pl := NewPool(acmeParams, &seq)
+	pl := NewPool(acmeParams, func() uint64 { seq++; return seq })
 	pl.Spend(0, u)
 	pl.WantAcquire(0)
 	pl.Refused(0, Exhausted, 300*ms)
@@ -123,7 +123,10 @@ func TestPoolRefusals(t *testing.T) {
 	if _, ok := pl.Carve(2100*ms, "gw", u, u); !ok {
 		t.Fatal("no carve from a grant ending in a quarter ttl")
 	}
-	if h := pl.Drain(); len(h) != 1 || !pl.Idle() {
-		t.Fatalf("drain = %+v", h)
+	if h := pl.Drain(); len(h) != 1 || pl.Idle() {
+		t.Fatalf("drain = %+v (the sub-grant stays until it ends)", h)
+	}
+	if _, _, ended := pl.Due(2600 * ms); len(ended) != 1 || !pl.Idle() {
+		t.Fatalf("the sub-grant did not end with its grant: %v", ended)
 	}
 }

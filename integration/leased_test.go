@@ -1,11 +1,17 @@
 package integration
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/limitmesh/limitmesh/mesh"
+	"github.com/limitmesh/limitmesh/mesh/client"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // The leased-mode tests (CONTRACT §8): nodes hold grants of a leased key
@@ -65,4 +71,393 @@ func TestLeasedNodeGrants(t *testing.T) {
 	t.Logf("admitted %d in %.2fs; local %v, grants %v", admitted, elapsed,
 		metricValue(t, tn, `limitmesh_lease_local_decisions_total{policy="leased",result="allowed"}`),
 		metricValue(t, tn, `limitmesh_lease_grants_total{result="granted"}`))
+}
+
+// leaseReply is a reply of the lease subjects (docs/protocol.md).
+type leaseReply struct {
+	Result     string `json:"result"`
+	Policy     string `json:"policy"`
+	Revision   uint64 `json:"revision"`
+	Grant      uint64 `json:"grant"`
+	Epoch      uint64 `json:"epoch"`
+	Units      int64  `json:"units"`
+	TTL        int64  `json:"ttl_ns"`
+	RetryAfter int64  `json:"retry_after_ns"`
+	Refunded   int64  `json:"refunded"`
+	ReportTo   string `json:"report_to"`
+}
+
+// askOwner sends one request of the holder-node protocol to the owner of
+// partition part (the test plays a holder node) and decodes the reply.
+func askOwner(t *testing.T, nc *nats.Conn, part int, body map[string]any) leaseReply {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	m, err := nc.Request(fmt.Sprintf("rl.v1.lease.shard.%d", part), b, testTimeout)
+	if err != nil {
+		t.Fatalf("lease request %s: %v", b, err)
+	}
+	var r leaseReply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		t.Fatalf("lease reply %q: %v", m.Data, err)
+	}
+	return r
+}
+
+func acquireBody(key, holder string, want int64) map[string]any {
+	return map[string]any{"op": "acquire", "policy": "leased", "key": key, "holder": holder, "want": want, "min": 1_000_000}
+}
+
+func reportBody(op, key string, grant, epoch uint64, spent int64) map[string]any {
+	return map[string]any{"op": op, "policy": "leased", "key": key, "grant": grant, "epoch": epoch, "spent": spent}
+}
+
+// grantsOf reads the grants in key's latest durable record.
+func grantsOf(t *testing.T, nc *nats.Conn, key string) []mesh.Grant {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	gs, _, err := mesh.ReadGrants(ctx, js, "rl", key)
+	if err != nil {
+		t.Fatalf("ReadGrants(%s): %v", key, err)
+	}
+	return gs
+}
+
+// TestLeasedGrantProtocol: the owner's answers to a holder node: grants of
+// at most size until max_outstanding is reached (then "full"); cumulative
+// reports lower what is outstanding; a report naming an unknown grant, or
+// the grant's id with another epoch, is refused; a return refunds the
+// unspent units into the key (a strict decision sees them) and cannot be
+// repeated.
+func TestLeasedGrantProtocol(t *testing.T) {
+	e := server(t, t.TempDir())
+	tn := startNode(t, e, mesh.NodeConfig{})
+	// A burst above max_outstanding, refilling slowly: the bucket's
+	// tokens are plain arithmetic in this test.
+	rev := putPolicy(t, tn.nc, "rl_policies", "leased", `{"match": {"tenant": "*"}, "key": ["tenant"], "mode": "leased",
+ "lease": {"size": 10, "ttl": "2s", "max_outstanding": 40},
+ "limits": [{"name": "rate", "algorithm": "token_bucket", "rate": "1/h", "burst": 100}]}`)
+	waitApplied(t, "leased", rev, tn)
+	key := leasedKey("proto")
+	part := tn.node.PartitionOf(key)
+	var grants []leaseReply
+	for i := range 4 {
+		r := askOwner(t, tn.nc, part, acquireBody(key, "h1", 25_000_000))
+		if r.Result != "granted" || r.Units != 10_000_000 || r.Epoch != tn.node.Epoch(part) || r.TTL != int64(2*time.Second) || r.Revision != rev {
+			t.Fatalf("acquire %d: %+v (epoch %d)", i, r, tn.node.Epoch(part))
+		}
+		grants = append(grants, r)
+	}
+	if r := askOwner(t, tn.nc, part, acquireBody(key, "h2", 10_000_000)); r.Result != "full" {
+		t.Fatalf("acquire beyond max_outstanding: %+v", r)
+	}
+	if gs := grantsOf(t, tn.nc, key); len(gs) != 4 || gs[3].Holder != "h1" || gs[3].Units != 10_000_000 {
+		t.Fatalf("record grants %+v", gs)
+	}
+	g := grants[0]
+	if r := askOwner(t, tn.nc, part, reportBody("report", key, 99, g.Epoch, 1)); r.Result != "unknown_grant" {
+		t.Fatalf("unknown grant: %+v", r)
+	}
+	if r := askOwner(t, tn.nc, part, reportBody("report", key, g.Grant, g.Epoch-1, 1)); r.Result != "stale_epoch" {
+		t.Fatalf("older epoch: %+v", r)
+	}
+	if r := askOwner(t, tn.nc, part, reportBody("report", key, g.Grant, g.Epoch+1, 1)); r.Result != "unknown_grant" {
+		t.Fatalf("another epoch: %+v", r)
+	}
+	if r := askOwner(t, tn.nc, part, reportBody("report", key, g.Grant, g.Epoch, 11_000_000)); r.Result != "bad_spend" {
+		t.Fatalf("spend above the grant: %+v", r)
+	}
+	// 4 of grant 1 spent: 36 outstanding, 4 more may be granted.
+	if r := askOwner(t, tn.nc, part, reportBody("report", key, g.Grant, g.Epoch, 4_000_000)); r.Result != "ok" {
+		t.Fatalf("report: %+v", r)
+	}
+	if r := askOwner(t, tn.nc, part, acquireBody(key, "h2", 10_000_000)); r.Result != "granted" || r.Units != 4_000_000 {
+		t.Fatalf("acquire after the report: %+v", r)
+	}
+	// Grant 2 returned having spent 3: 7 go back into the bucket (100 −
+	// 44 granted + 7 = 63).
+	g2 := grants[1]
+	r := askOwner(t, tn.nc, part, reportBody("return", key, g2.Grant, g2.Epoch, 3_000_000))
+	if r.Result != "ok" || r.Refunded != 7_000_000 {
+		t.Fatalf("return: %+v", r)
+	}
+	if r := askOwner(t, tn.nc, part, reportBody("return", key, g2.Grant, g2.Epoch, 3_000_000)); r.Result != "unknown_grant" {
+		t.Fatalf("second return: %+v", r)
+	}
+	if d := decide(t, tn.nc, "rl.v1.decide", req(map[string]string{"tenant": "proto"}, `"dry_run":true`)); whole(d) != 62 {
+		t.Fatalf("the refunded units are not there: %+v, want 62 remaining after a dry run of 1", d)
+	}
+	if r := askOwner(t, tn.nc, part, map[string]any{"op": "acquire", "policy": "nope", "key": "p.nope", "holder": "h"}); r.Result != "not_leased" {
+		t.Fatalf("unknown policy: %+v", r)
+	}
+	if r := askOwner(t, tn.nc, part, map[string]any{"op": "grab"}); r.Result != "bad_request" {
+		t.Fatalf("bad op: %+v", r)
+	}
+}
+
+// slowLeased is a leased policy whose bucket barely refills (1/h, burst
+// 100) and whose grants (10 each, at most 40 outstanding) last 4 s: long
+// enough to outlive a takeover.
+const slowLeased = `{"match": {"tenant": "*"}, "key": ["tenant"], "mode": "leased",
+ "lease": {"size": 10, "ttl": "4s", "max_outstanding": 40},
+ "limits": [{"name": "rate", "algorithm": "token_bucket", "rate": "1/h", "burst": 100}]}`
+
+// leasedTenantOwnedBy finds a tenant whose leased key node i owns.
+func leasedTenantOwnedBy(t *testing.T, nodes []*testNode, i int) string {
+	t.Helper()
+	for k := range 10000 {
+		tenant := fmt.Sprintf("t%d", k)
+		if nodes[i].node.Owns(nodes[i].node.PartitionOf(leasedKey(tenant))) {
+			return tenant
+		}
+	}
+	t.Fatalf("node %d owns no partition", i)
+	return ""
+}
+
+// TestLeasedOwnerKilled: the owner of a leased key dies (its connection
+// closes, no graceful stop) with three grants outstanding. The node that
+// takes its partition over (in a greater epoch, adopting its journal)
+// knows the grants: it counts them against max_outstanding (one more
+// grant fits, then "full"), refuses their reports and returns (an older
+// epoch: their holders spend them to their deadline at most, and nothing
+// is refunded), and once they expired (ttl plus the margin) grants again
+// and still refuses returns of the old grants (unknown).
+func TestLeasedOwnerKilled(t *testing.T) {
+	e := server(t, t.TempDir())
+	cfg := func(id string) mesh.NodeConfig {
+		return mesh.NodeConfig{NodeID: id, LeaseTime: ownershipLease, CheckpointInterval: time.Hour}
+	}
+	n0 := startNode(t, e, cfg("n0"))
+	n1, kill := startKillableNode(t, e, cfg("n1"))
+	nodes := []*testNode{n0, n1}
+	rev := putPolicy(t, n0.nc, "rl_policies", "leased", slowLeased)
+	waitApplied(t, "leased", rev, nodes...)
+	waitExclusive(t, nodes)
+	tenant := leasedTenantOwnedBy(t, nodes, 1)
+	key := leasedKey(tenant)
+	part := n0.node.PartitionOf(key)
+	var old []leaseReply
+	for range 3 {
+		r := askOwner(t, n0.nc, part, acquireBody(key, "h1", 10_000_000))
+		if r.Result != "granted" {
+			t.Fatalf("acquire from n1: %+v", r)
+		}
+		old = append(old, r)
+	}
+	e1 := old[0].Epoch
+	kill()
+	waitFor(t, "n0 takes the partition over", func() bool { return n0.node.Owns(part) })
+	if e2 := n0.node.Epoch(part); e2 <= e1 {
+		t.Fatalf("taken over in epoch %d, not above %d", e2, e1)
+	}
+	if gs := grantsOf(t, n0.nc, key); len(gs) != 3 || gs[0].Epoch != e1 || gs[0].Holder != "h1" {
+		t.Fatalf("the new owner's record holds %+v, want the 3 grants of epoch %d", gs, e1)
+	}
+	for _, op := range []string{"report", "return"} {
+		if r := askOwner(t, n0.nc, part, reportBody(op, key, old[0].Grant, e1, 1_000_000)); r.Result != "stale_epoch" {
+			t.Fatalf("%s of an old grant: %+v", op, r)
+		}
+	}
+	if r := askOwner(t, n0.nc, part, acquireBody(key, "h2", 10_000_000)); r.Result != "granted" || r.Epoch <= e1 {
+		t.Fatalf("acquire from the new owner: %+v", r)
+	}
+	if r := askOwner(t, n0.nc, part, acquireBody(key, "h2", 10_000_000)); r.Result != "full" {
+		t.Fatalf("acquire beyond max_outstanding with the old grants: %+v", r)
+	}
+	// The old grants stop counting 4.4 s after they were made: then the
+	// units come back (grants again), with nothing refunded.
+	waitFor(t, "the old grants to expire", func() bool {
+		return askOwner(t, n0.nc, part, acquireBody(key, "h3", 10_000_000)).Result == "granted"
+	})
+	if r := askOwner(t, n0.nc, part, reportBody("return", key, old[1].Grant, e1, 0)); r.Result != "stale_epoch" {
+		t.Fatalf("return of an expired old grant: %+v", r)
+	}
+	if d := decide(t, n0.nc, "rl.v1.decide", req(map[string]string{"tenant": tenant}, `"dry_run":true`)); whole(d) > 100-50-1 {
+		t.Fatalf("remaining %v: the expired grants were refunded", d.Remaining)
+	}
+}
+
+// TestLeasedOwnerStopped: a graceful stop of a leased key's owner hands
+// its partition over with the grants in the checkpointed record: the next
+// owner counts them and refuses their reports.
+func TestLeasedOwnerStopped(t *testing.T) {
+	e := server(t, t.TempDir())
+	cfg := func(id string) mesh.NodeConfig { return mesh.NodeConfig{NodeID: id, LeaseTime: ownershipLease} }
+	n0 := startNode(t, e, cfg("n0"))
+	nc1 := connect(t, e)
+	n1, err := mesh.NewNode(nc1, cfg("n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	if err := n1.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nodes := []*testNode{n0, {node: n1, nc: nc1}}
+	rev := putPolicy(t, n0.nc, "rl_policies", "leased", slowLeased)
+	waitApplied(t, "leased", rev, nodes...)
+	waitExclusive(t, nodes)
+	key := leasedKey(leasedTenantOwnedBy(t, nodes, 1))
+	part := n0.node.PartitionOf(key)
+	g := askOwner(t, n0.nc, part, acquireBody(key, "h1", 10_000_000))
+	if g.Result != "granted" {
+		t.Fatalf("acquire: %+v", g)
+	}
+	if err := n1.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "n0 takes the partition over", func() bool { return n0.node.Owns(part) })
+	if gs := grantsOf(t, n0.nc, key); len(gs) != 1 || gs[0].ID != g.Grant || gs[0].Epoch != g.Epoch {
+		t.Fatalf("after the handoff the record holds %+v", gs)
+	}
+	if r := askOwner(t, n0.nc, part, reportBody("report", key, g.Grant, g.Epoch, 1)); r.Result != "stale_epoch" {
+		t.Fatalf("report after the handoff: %+v", r)
+	}
+}
+
+// gateways starts n leasing SDK clients, each on its own connection from
+// conn(i), closed (their grants returned) at cleanup.
+func gateways(t *testing.T, n int, conn func(i int) *nats.Conn, opts ...client.Option) []*client.Client {
+	t.Helper()
+	gs := make([]*client.Client, n)
+	for i := range gs {
+		c, err := client.New(conn(i), append([]client.Option{client.Leasing(fmt.Sprintf("gw-%d", i)),
+			client.Timeout(2 * time.Second)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs[i] = c
+		t.Cleanup(func() { _ = c.Close() })
+	}
+	return gs
+}
+
+// tally counts decisions of a run.
+type tally struct {
+	mu                      sync.Mutex
+	admitted, denied, local int
+	errors                  int
+	firstErr                error
+}
+
+func (tl *tally) add(r *client.Result, err error) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	switch {
+	case err != nil:
+		tl.errors++
+		if tl.firstErr == nil {
+			tl.firstErr = err
+		}
+		return
+	case r.Allowed:
+		tl.admitted++
+	default:
+		tl.denied++
+	}
+	if r.Source == client.SourceLease {
+		tl.local++
+	}
+}
+
+func (tl *tally) get() (admitted, denied, local, errs int) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	return tl.admitted, tl.denied, tl.local, tl.errors
+}
+
+// burstGateways sends n decisions at once, request i through gws[i%len].
+func burstGateways(gws []*client.Client, d map[string]string, n int, tl *tally) {
+	var start, wg sync.WaitGroup
+	start.Add(1)
+	for i := range n {
+		wg.Go(func() {
+			start.Wait()
+			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+			defer cancel()
+			tl.add(gws[i%len(gws)].Decide(ctx, d, 1))
+		})
+	}
+	start.Done()
+	wg.Wait()
+}
+
+// loadGateways runs every gateway in a loop of decisions (a pause of
+// pause between them) until stop is closed.
+func loadGateways(gws []*client.Client, d map[string]string, pause time.Duration, tl *tally, stop chan struct{}) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for _, g := range gws {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+				tl.add(g.Decide(ctx, d, 1))
+				cancel()
+				if pause > 0 {
+					time.Sleep(pause)
+				}
+			}
+		})
+	}
+	return &wg
+}
+
+// TestLeasedGateways: Acme's story on one server with two nodes: six SDK
+// gateways hold sub-grants of the nodes' grants and spend them locally;
+// 80 requests at once admit at most the burst plus the bound (40 + 40);
+// under load above the contract, most decisions are local, and the whole
+// run admits no more than burst + rate × elapsed + bound. Closing the
+// gateways returns their grants.
+func TestLeasedGateways(t *testing.T) {
+	e := server(t, t.TempDir())
+	nodes := []*testNode{startNode(t, e, mesh.NodeConfig{}), startNode(t, e, mesh.NodeConfig{})}
+	rev := putPolicy(t, nodes[0].nc, "rl_policies", "leased", leasedPolicy)
+	waitApplied(t, "leased", rev, nodes...)
+	gws := gateways(t, 6, func(int) *nats.Conn { return connect(t, e) })
+	d := map[string]string{"tenant": "acme"}
+	var tl tally
+	start := time.Now()
+	burstGateways(gws, d, 80, &tl)
+	admitted, denied, local, errs := tl.get()
+	if errs > 0 || admitted+denied != 80 {
+		t.Fatalf("burst: %d admitted, %d denied, %d errors (%v)", admitted, denied, errs, tl.firstErr)
+	}
+	if admitted > int(leasedBurst+leasedBound) {
+		t.Fatalf("80 at once admitted %d, above 40 + bound 40", admitted)
+	}
+	t.Logf("80 at once: %d admitted (%d decided locally)", admitted, local)
+	stop := make(chan struct{})
+	wg := loadGateways(gws, d, time.Millisecond, &tl, stop)
+	time.Sleep(3 * time.Second)
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(start).Seconds()
+	admitted, denied, local, errs = tl.get()
+	total := admitted + denied
+	if errs > 0 {
+		t.Fatalf("%d errors: %v", errs, tl.firstErr)
+	}
+	if limit := leasedBurst + leasedRate*elapsed + leasedBound; float64(admitted) > limit {
+		t.Fatalf("admitted %d in %.2fs, above the contract plus the bound (%.1f)", admitted, elapsed, limit)
+	}
+	if local*2 < total {
+		t.Fatalf("only %d of %d decisions local", local, total)
+	}
+	t.Logf("run of %.2fs: %d admitted (contract %.0f + bound %.0f), %d denied, %.1f%% local",
+		elapsed, admitted, leasedBurst+leasedRate*elapsed, leasedBound, denied, 100*float64(local)/float64(total))
+	for _, g := range gws {
+		if err := g.Close(); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	}
 }

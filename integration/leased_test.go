@@ -461,3 +461,184 @@ func TestLeasedGateways(t *testing.T) {
 		}
 	}
 }
+
+// stamped counts decisions with the instants of the admissions.
+type stamped struct {
+	mu       sync.Mutex
+	admits   []time.Time
+	local    int
+	failures int // failure-behaviour results (no node could decide)
+	other    int // every other result
+}
+
+func (s *stamped) add(r *client.Result, err error) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case err != nil:
+		s.failures++
+		return
+	case r.Source == client.SourceFailClosed:
+		s.failures++
+		return
+	case r.Allowed:
+		s.admits = append(s.admits, now)
+	}
+	if r.Source == client.SourceLease {
+		s.local++
+	}
+	s.other++
+}
+
+// admittedIn counts the admissions in [from, to).
+func (s *stamped) admittedIn(from, to time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, at := range s.admits {
+		if !at.Before(from) && at.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// decided returns the decisions made by a node or from a grant (not by
+// the failure behaviour) so far.
+func (s *stamped) decided() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.other
+}
+
+// TestLeasedRegionsCut: leased mode on a two-region supercluster (the
+// buckets and the journal live in eu), three SDK gateways per region on
+// two keys, one owned by the eu node and one by the us node, under load
+// above the contract. The gateway links of us are cut for longer than the
+// grant ttl (2 s): us gateways keep admitting only within the grants they
+// and their node held at the cut, at most max_outstanding per key, and
+// nothing once those expired (their decisions then fail closed); eu keeps
+// deciding both keys (it takes the us node's partitions over, with the
+// grants in its journal). After the heal both regions decide again
+// (within a bounded poll; the time is logged), and over the whole run
+// each key admits at most burst + rate × elapsed + the bound.
+func TestLeasedRegionsCut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("supercluster partition test")
+	}
+	rn := startRegionNodes(t, mesh.NodeConfig{LeaseTime: regionLease})
+	rev := putPolicy(t, rn.eu.nc, "rl_policies", "leased", leasedPolicy)
+	waitApplied(t, "leased", rev, rn.nodes()...)
+	regions := []string{"eu", "us"}
+	tenants := map[string]string{ // by the region of the key's owner
+		"eu": rn.tenantOwnedIn(t, "eu", leasedKey),
+		"us": rn.tenantOwnedIn(t, "us", leasedKey),
+	}
+	failClosed := client.OnUnavailable(func(string, map[string]string) client.Failure { return client.FailClosed() })
+	gws := map[string][]*client.Client{}
+	for _, r := range regions {
+		conns := rn.regionConns(t, r, 3)
+		gws[r] = gateways(t, 3, func(i int) *nats.Conn { return conns[i] }, failClosed, client.Timeout(time.Second))
+	}
+	// tallies[gateway region][owner region]
+	tallies := map[string]map[string]*stamped{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, c := range regions {
+		tallies[c] = map[string]*stamped{}
+		for _, o := range regions {
+			st := &stamped{}
+			tallies[c][o] = st
+			d := map[string]string{"tenant": tenants[o]}
+			for _, g := range gws[c] {
+				wg.Go(func() {
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+						st.add(g.Decide(ctx, d, 1))
+						cancel()
+						time.Sleep(2 * time.Millisecond)
+					}
+				})
+			}
+		}
+	}
+	t.Cleanup(func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	})
+	for _, c := range regions {
+		for _, o := range regions {
+			st := tallies[c][o]
+			waitFor(t, fmt.Sprintf("%s gateways spend the key owned in %s locally", c, o), func() bool {
+				st.mu.Lock()
+				defer st.mu.Unlock()
+				return st.local > 0
+			})
+		}
+	}
+
+	ttl := 2 * time.Second
+	rn.sc.IsolateRegion(t, "us")
+	cutAt := time.Now()
+	time.Sleep(ttl + 3*time.Second)
+	healAt := time.Now()
+	rn.sc.HealRegion(t, "us")
+	healed := time.Now()
+	for _, o := range regions {
+		during := tallies["us"][o].admittedIn(cutAt, healAt)
+		late := tallies["us"][o].admittedIn(cutAt.Add(ttl+500*time.Millisecond), healAt)
+		t.Logf("cut: us gateways, key owned in %s: %d admitted while cut, %d of them more than ttl+0.5s after the cut", o, during, late)
+		if float64(during) > leasedBound {
+			t.Errorf("us gateways admitted %d of the key owned in %s while cut off, above max_outstanding %v", during, o, leasedBound)
+		}
+		if late > 0 {
+			t.Errorf("us gateways admitted %d of the key owned in %s after every grant had expired", late, o)
+		}
+		if n := tallies["eu"][o].admittedIn(cutAt.Add(ttl+500*time.Millisecond), healAt); n == 0 {
+			t.Errorf("eu gateways admitted nothing of the key owned in %s while us was cut off", o)
+		}
+	}
+	before := map[string]map[string]int{"eu": {}, "us": {}}
+	for _, c := range regions {
+		for _, o := range regions {
+			before[c][o] = tallies[c][o].decided()
+		}
+	}
+	back := map[string]time.Duration{}
+	waitWithin(t, superclusterFormTimeout+ttl, "both regions decide both keys after the heal", func() bool {
+		for _, c := range regions {
+			for _, o := range regions {
+				what := c + " gateways, key owned in " + o
+				if _, ok := back[what]; !ok && tallies[c][o].decided()-before[c][o] >= 20 {
+					back[what] = time.Since(healAt).Round(time.Millisecond)
+				}
+			}
+		}
+		return len(back) == 4
+	})
+	t.Logf("healed (the supercluster formed again %s after the heal began): decisions again after %v",
+		healed.Sub(healAt).Round(time.Millisecond), back)
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(start).Seconds()
+	for _, o := range regions {
+		admitted := tallies["eu"][o].admittedIn(start, time.Now()) + tallies["us"][o].admittedIn(start, time.Now())
+		limit := leasedBurst + leasedRate*elapsed + leasedBound
+		t.Logf("key owned in %s: admitted %d over %.1fs; contract %.0f + bound %.0f", o, admitted, elapsed,
+			leasedBurst+leasedRate*elapsed, leasedBound)
+		if float64(admitted) > limit {
+			t.Errorf("OVERSHOOT: key owned in %s admitted %d, above the contract plus the bound (%.1f)", o, admitted, limit)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -641,4 +642,124 @@ func TestLeasedRegionsCut(t *testing.T) {
 			t.Errorf("OVERSHOOT: key owned in %s admitted %d, above the contract plus the bound (%.1f)", o, admitted, limit)
 		}
 	}
+}
+
+// crashLeased: one grant at a time (max_outstanding = size = 10) lasting
+// 1 s, from a bucket of 100 that barely refills, so who holds the grant
+// is plain to see.
+const crashLeased = `{"match": {"tenant": "*"}, "key": ["tenant"], "mode": "leased",
+ "lease": {"size": 10, "ttl": "1s", "max_outstanding": 10},
+ "limits": [{"name": "rate", "algorithm": "token_bucket", "rate": "1/h", "burst": 100}]}`
+
+// TestLeasedHolderCrash: a gateway holding the key's only grant (through
+// its node: a sub-grant of all of it) crashes after spending 3: its
+// connection closes, nothing is returned. Meanwhile another gateway is
+// decided remotely (strict: the grant is outstanding, no other fits).
+// The crashed gateway's units are never refunded: its node reports its
+// grant used (a sub-grant counts as spent until it is given back), which
+// makes room again, and returns it at its deadline; the node asks for a
+// new grant and the other gateway spends locally again.
+func TestLeasedHolderCrash(t *testing.T) {
+	e := server(t, t.TempDir())
+	tn := startNode(t, e, mesh.NodeConfig{})
+	rev := putPolicy(t, tn.nc, "rl_policies", "leased", crashLeased)
+	waitApplied(t, "leased", rev, tn)
+	d := map[string]string{"tenant": "crash"}
+	crashConn := connect(t, e)
+	gws := gateways(t, 2, func(i int) *nats.Conn {
+		if i == 0 {
+			return crashConn
+		}
+		return connect(t, e)
+	})
+	ctx := context.Background()
+	for i := range 3 {
+		r, err := gws[0].Decide(ctx, d, 1)
+		if err != nil || !r.Allowed || r.Source != client.SourceLease {
+			t.Fatalf("gateway 0, decision %d: %+v %v", i, r, err)
+		}
+	}
+	crashConn.Close()
+	crashed := time.Now()
+	r, err := gws[1].Decide(ctx, d, 1)
+	if err != nil || !r.Allowed || r.Source != client.SourceService {
+		t.Fatalf("gateway 1 while the grant is held: %+v %v, want a remote admission", r, err)
+	}
+	remote := 1
+	waitFor(t, "gateway 1 spends locally", func() bool {
+		r, err := gws[1].Decide(ctx, d, 1)
+		if err != nil || !r.Allowed {
+			t.Fatalf("gateway 1: %+v %v", r, err)
+		}
+		if r.Source == client.SourceService {
+			remote++
+		}
+		return r.Source == client.SourceLease
+	})
+	t.Logf("gateway 1 spent locally %s after the crash (%d remote decisions before)", time.Since(crashed).Round(time.Millisecond), remote)
+	// Spent: 3 (crashed) + remote + 1, plus the crashed grant's 7 never
+	// refunded, plus the new grant of 10 held now: 100 − 3 − 7 − remote
+	// − 10 remain, less the dry run's 1.
+	dr := decide(t, tn.nc, "rl.v1.decide", req(d, `"dry_run":true`))
+	if want := int64(100 - 10 - remote - 10 - 1); whole(dr) != want {
+		t.Fatalf("remaining %v, want %d (the crashed grant's 7 units are not refunded)", dr.Remaining, want)
+	}
+}
+
+// skewedClock returns a clock that is off by offset and runs at rate
+// times real time.
+func skewedClock(offset time.Duration, rate float64) func() time.Time {
+	base := time.Now()
+	return func() time.Time {
+		return base.Add(offset + time.Duration(float64(time.Since(base))*rate))
+	}
+}
+
+// TestLeasedClockSkew: gateways whose clocks are off by an hour either
+// way, run 25% fast, or run 9% slow (within the documented margin: a
+// tenth of the ttl) spend their grants locally, and under load above the
+// contract the key still admits at most burst + rate × elapsed + the
+// bound. (Holders count a grant's life from their own instant of asking,
+// so an offset changes nothing; a slow clock is what the margin is for.)
+func TestLeasedClockSkew(t *testing.T) {
+	e := server(t, t.TempDir())
+	nodes := []*testNode{startNode(t, e, mesh.NodeConfig{}), startNode(t, e, mesh.NodeConfig{})}
+	rev := putPolicy(t, nodes[0].nc, "rl_policies", "leased", strings.Replace(leasedPolicy, `"ttl": "2s"`, `"ttl": "500ms"`, 1))
+	waitApplied(t, "leased", rev, nodes...)
+	clocks := []func() time.Time{skewedClock(time.Hour, 1), skewedClock(-time.Hour, 1), skewedClock(0, 1.25), skewedClock(0, 0.91)}
+	d := map[string]string{"tenant": "skew"}
+	var gws []*client.Client
+	tallies := make([]*tally, len(clocks))
+	for i, clk := range clocks {
+		gws = append(gws, gateways(t, 1, func(int) *nats.Conn { return connect(t, e) }, client.Clock(clk))...)
+		tallies[i] = &tally{}
+	}
+	stop := make(chan struct{})
+	start := time.Now()
+	var wgs []*sync.WaitGroup
+	for i, g := range gws {
+		wgs = append(wgs, loadGateways([]*client.Client{g}, d, time.Millisecond, tallies[i], stop))
+	}
+	time.Sleep(3 * time.Second)
+	close(stop)
+	for _, wg := range wgs {
+		wg.Wait()
+	}
+	elapsed := time.Since(start).Seconds()
+	admitted := 0
+	for i, tl := range tallies {
+		a, dn, local, errs := tl.get()
+		if errs > 0 {
+			t.Fatalf("gateway %d: %d errors: %v", i, errs, tl.firstErr)
+		}
+		if local == 0 {
+			t.Errorf("gateway %d (skewed clock) never decided locally", i)
+		}
+		t.Logf("gateway %d: %d admitted, %d denied, %d local", i, a, dn, local)
+		admitted += a
+	}
+	if limit := leasedBurst + leasedRate*elapsed + leasedBound; float64(admitted) > limit {
+		t.Fatalf("admitted %d in %.2fs, above the contract plus the bound (%.1f)", admitted, elapsed, limit)
+	}
+	t.Logf("admitted %d in %.2fs: contract %.0f + bound %.0f", admitted, elapsed, leasedBurst+leasedRate*elapsed, leasedBound)
 }

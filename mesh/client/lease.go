@@ -114,7 +114,12 @@ type Lease struct {
 	revision    uint64
 	deniedUntil int64 // local denials until (client clock)
 	remoteUntil int64 // decide remotely until
-	lastSlow    int64 // the last Decide that found no grant
+	// exhausted: the nodes' last answer was "exhausted" (the key's
+	// limits lacked the units); while the next ask is in flight,
+	// decisions are denied here rather than wait for it.
+	exhausted bool
+	lastCost  int64 // micro-units of the last Decide: a grant holding less is used up
+	lastSlow  int64 // the last Decide that found no grant
 	lastUse     int64 // the last spend seen by the loop or the slow path
 	closed      bool
 }
@@ -247,8 +252,11 @@ func (l *Lease) Decide(ctx context.Context, cost int64, opts ...DecideOption) (*
 				return l.local(true, left, 0), nil
 			}
 			l.mu.Lock()
-			l.lastSlow, l.lastUse = now, now
+			l.lastSlow, l.lastUse, l.lastCost = now, now, micro
 			denied, remote, retry := now < l.deniedUntil, now < l.remoteUntil, l.deniedUntil-now
+			if !denied && l.exhausted && l.done != nil {
+				denied, retry = true, int64(time.Millisecond)
+			}
 			l.mu.Unlock()
 			if denied {
 				return l.local(false, 0, retry), nil
@@ -383,15 +391,28 @@ func (l *Lease) acquire(ctx context.Context, least int64) {
 		g := &grant{id: r.Grant, epoch: r.Epoch, units: r.Units, low: r.Units / 2, ttl: r.TTL,
 			deadline: sent + r.TTL - r.TTL/10, reportTo: r.ReportTo, lastLeft: r.Units, lastChange: now}
 		g.left.Store(r.Units)
-		l.deniedUntil, l.remoteUntil = 0, 0
+		l.deniedUntil, l.remoteUntil, l.exhausted = 0, 0, false
 		l.install(g)
 	case r.Result == "exhausted" && r.RetryAfter > 0:
 		l.deniedUntil = now + min(r.RetryAfter, int64(leaseMaxDeny))
+		l.exhausted = true
 	case r.Result == "not_leased":
 		l.remoteUntil = now + int64(leaseRecheck)
 	default: // remote, exhausted for ever (never), bad_request
 		l.remoteUntil = now + int64(leaseRemoteBackoff)
+		l.exhausted = false
 	}
+}
+
+// prefetchMin is the least a prefetched grant must hold: the last cost
+// decided (a unit before any).
+func (l *Lease) prefetchMin() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lastCost > 0 {
+		return l.lastCost
+	}
+	return 1_000_000
 }
 
 // install puts g in a free slot, or returns it at once when both hold
@@ -399,7 +420,7 @@ func (l *Lease) acquire(ctx context.Context, least int64) {
 func (l *Lease) install(g *grant) {
 	now := l.c.mono()
 	for i := range l.slots {
-		if cur := l.slots[i].Load(); cur == nil || now >= cur.deadline || cur.left.Load() <= 0 {
+		if cur := l.slots[i].Load(); cur == nil || now >= cur.deadline || cur.left.Load() < max(l.lastCost, 1) {
 			if cur != nil {
 				l.c.retire(cur)
 			}
@@ -458,7 +479,7 @@ func (c *Client) loop(stop, done chan struct{}) {
 				l.fetching.Store(false)
 				continue
 			}
-			c.bg.Go(func() { l.acquire(context.Background(), 1) })
+			c.bg.Go(func() { l.acquire(context.Background(), l.prefetchMin()) })
 		case <-tk.C:
 			c.sweep()
 		}
@@ -490,7 +511,10 @@ func (c *Client) sweep() {
 				g.lastLeft, g.lastChange = left, now
 				l.lastUse = now
 			}
-			if now >= g.deadline {
+			// Ended, or used up (it holds less than the last cost):
+			// give it back (it only counts against the key's
+			// max_outstanding until returned).
+			if now >= g.deadline || g.left.Load() < max(l.lastCost, 1) {
 				l.slots[i].Store(nil)
 				c.retire(g)
 			}
@@ -525,7 +549,8 @@ func (c *Client) sweep() {
 		// while it is in use; the spend path kicks when it runs low.
 		if cur := l.slots[0].Load(); cur != nil && l.slots[1].Load() == nil && l.done == nil && !l.closed &&
 			cur.deadline-now < cur.ttl/4 && now-l.lastUse < cur.ttl/4 && l.fetching.CompareAndSwap(false, true) {
-			c.bg.Go(func() { l.acquire(context.Background(), 1) })
+			least := max(l.lastCost, 1)
+			c.bg.Go(func() { l.acquire(context.Background(), least) })
 		}
 		if l.slots[0].Load() == nil && l.slots[1].Load() == nil && l.done == nil &&
 			now-l.lastUse > int64(leaseForget) && now-l.lastSlow > int64(leaseForget) {

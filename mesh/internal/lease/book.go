@@ -98,7 +98,8 @@ func Prune(rec *keyrec.Record, now, margin int64) bool {
 // req.Min units and max_outstanding leaves room for them: the grant holds
 // min(req.Want, p.Size, what the limits hold, the room), is debited from
 // every limit at once, and is added to rec with the next id. It reports
-// whether rec changed (a grant made, or expired grants pruned).
+// whether rec changed (a grant made, or expired grants pruned). When
+// req.Min is a whole number of units, so is the grant.
 func Acquire(p Params, limits []kvstate.Limit, rec *keyrec.Record, now int64, epoch uint64, req AcquireReq) (AcquireResult, bool) {
 	margin := Margin(p.TTL)
 	changed := Prune(rec, now, margin)
@@ -117,6 +118,12 @@ func Acquire(p Params, limits []kvstate.Limit, rec *keyrec.Record, now int64, ep
 		return AcquireResult{Outcome: Exhausted, Remaining: probe.Remaining, RetryAfter: probe.RetryAfter}, changed
 	}
 	units := min(want, room, probe.Remaining+least)
+	if least%kvstate.Unit == 0 {
+		// A holder of whole units gets whole units: a fraction left in a
+		// grant serves none of its requests and only counts against
+		// max_outstanding until the grant ends.
+		units -= units % kvstate.Unit
+	}
 	d, states := kvstate.DecideAll(limits, rec.States, now, units, nil)
 	if !d.Allowed {
 		// Remaining rounds down, so this is not expected; the least

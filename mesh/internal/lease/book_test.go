@@ -170,6 +170,14 @@ func TestBookLimits(t *testing.T) {
 	if r.Outcome != Exhausted || r.RetryAfter != 300*ms {
 		t.Fatalf("min 3 on an empty 10/s bucket: %+v, want 300ms", r)
 	}
+	// 150 ms later the bucket holds 1.5: a holder of whole units gets 1,
+	// one that takes half units gets 1.5.
+	if r, _ = Acquire(p, limits[:1], rec, 150*ms, 1, AcquireReq{Holder: "a", Want: 20 * u, Min: u}); r.Grant.Units != u {
+		t.Fatalf("whole units: %+v", r)
+	}
+	if r, _ = Acquire(p, limits[:1], rec, 250*ms, 1, AcquireReq{Holder: "a", Want: 20 * u, Min: u / 2}); r.Grant.Units != 3*u/2 {
+		t.Fatalf("half units 100 ms later (0.5 + 1 held): %+v", r)
+	}
 	for _, bad := range []AcquireReq{{Holder: "", Want: u}, {Holder: "a", Want: 0}} {
 		if r, _ := Acquire(p, limits, rec, 0, 1, bad); r.Outcome != Exhausted || r.RetryAfter != kvstate.Never {
 			t.Fatalf("bad request %+v: %+v", bad, r)

@@ -58,6 +58,9 @@ type Pool struct {
 	remoteUntil int64
 	lastUse     int64
 	lastReport  int64
+	// least is the cost (or sub-grant minimum) last asked of the pool: a
+	// grant holding less serves nothing and is given back.
+	least int64
 }
 
 // NewPool returns an empty pool for a policy's params; nextID returns the
@@ -105,7 +108,7 @@ const (
 // Spend spends cost micro-units at now from the held grant that ends
 // first among those that hold it. Left is what that grant holds after.
 func (pl *Pool) Spend(now, cost int64) (r SpendResult, left, retryAfter int64) {
-	pl.lastUse = now
+	pl.lastUse, pl.least = now, cost
 	best := -1
 	for i := range pl.held {
 		h := &pl.held[i]
@@ -129,8 +132,8 @@ func (pl *Pool) Spend(now, cost int64) (r SpendResult, left, retryAfter int64) {
 // hold least units and end at least a quarter ttl from now. ok is false
 // when none does.
 func (pl *Pool) Carve(now int64, holder string, want, least int64) (Sub, bool) {
-	pl.lastUse = now
 	least = max(least, 1)
+	pl.lastUse, pl.least = now, least
 	want = max(min(want, pl.p.Size), least)
 	best := -1
 	for i := range pl.held {
@@ -190,7 +193,8 @@ func (pl *Pool) SubReport(now int64, id, epoch uint64, spent int64, ret bool) er
 // WantAcquire reports whether the node should ask the owner for a grant
 // now: none is being asked for, the owner's last refusal has run out, the
 // key was used within half a ttl, and what is held for at least another
-// quarter ttl is under half a grant. It returns the micro-units to ask
+// quarter ttl, in grants holding at least the last cost asked, is under
+// half a grant. It returns the micro-units to ask
 // for (Size) and marks the pool acquiring.
 func (pl *Pool) WantAcquire(now int64) (int64, bool) {
 	if pl.acquiring || now < pl.deniedUntil || now < pl.remoteUntil || now-pl.lastUse > pl.p.TTL/2 {
@@ -198,8 +202,8 @@ func (pl *Pool) WantAcquire(now int64) (int64, bool) {
 	}
 	var lasting int64
 	for i := range pl.held {
-		if pl.held[i].Deadline-now >= pl.p.TTL/4 {
-			lasting += pl.held[i].Left()
+		if h := &pl.held[i]; h.Deadline-now >= pl.p.TTL/4 && h.Left() >= max(pl.least, 1) {
+			lasting += h.Left()
 		}
 	}
 	if lasting >= pl.p.Size/2 || pl.heldUnits() >= pl.p.MaxOutstanding {
@@ -245,7 +249,9 @@ func (pl *Pool) Refused(now int64, o Outcome, retryAfter int64) {
 	}
 }
 
-// Due returns, at now, the held grants to return (their deadline passed,
+// Due returns, at now, the held grants to return (their deadline passed;
+// used up (holding less than the last cost asked) with no sub-grant out:
+// it only counts against max_outstanding;
 // or unused for a quarter ttl with no sub-grant out: another holder may
 // need the units), removed from the pool, and the held grants to report
 // (Used changed since the last report, at most once a quarter ttl), marked
@@ -265,7 +271,7 @@ func (pl *Pool) Due(now int64) (returns, reports []Held, ended []uint64) {
 	idle := now-pl.lastUse >= pl.p.TTL/4
 	keep := pl.held[:0]
 	for _, h := range pl.held {
-		if now >= h.Deadline || idle && h.subs == 0 {
+		if now >= h.Deadline || h.subs == 0 && (idle || h.Left() < max(pl.least, 1)) {
 			returns = append(returns, h)
 			continue
 		}

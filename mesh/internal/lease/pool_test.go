@@ -46,6 +46,9 @@ func TestPoolSteps(t *testing.T) {
 	if r, _, _ := pl.Spend(300*ms, 5*u); r != Remote {
 		t.Fatalf("spend 5 = %v", r)
 	}
+	if r, left, _ := pl.Spend(300*ms, u); r != Spent || left != 3*u {
+		t.Fatalf("spend 1 = %v %d", r, left)
+	}
 	if err := pl.SubReport(400*ms, sub.ID, 7, 2*u, false); err != nil {
 		t.Fatal(err)
 	}
@@ -59,15 +62,15 @@ func TestPoolSteps(t *testing.T) {
 	if err := pl.SubReport(500*ms, sub.ID, 7, 3*u, true); err != nil {
 		t.Fatal(err)
 	}
-	if got := pl.Available(500 * ms); got != 4*u+7*u {
-		t.Fatalf("available %d, want 11", got)
+	if got := pl.Available(500 * ms); got != 3*u+7*u {
+		t.Fatalf("available %d, want 10", got)
 	}
 	if err := pl.SubReport(500*ms, sub.ID, 7, 3*u, true); !errors.Is(err, ErrUnknownGrant) {
 		t.Fatalf("returned twice: %v", err)
 	}
 	// Reports: both grants changed.
 	rets, reps, _ := pl.Due(600 * ms)
-	if len(rets) != 0 || len(reps) != 2 || reps[0].Used != 6*u || reps[1].Used != 3*u {
+	if len(rets) != 0 || len(reps) != 2 || reps[0].Used != 7*u || reps[1].Used != 3*u {
 		t.Fatalf("due = %+v %+v", rets, reps)
 	}
 	// The owner refused grant 1's report (a new owner): no more reports
@@ -83,7 +86,7 @@ func TestPoolSteps(t *testing.T) {
 	// Unused since 700 ms, a quarter ttl later both go back, with what
 	// they used.
 	rets, _, _ = pl.Due(1200 * ms)
-	if len(rets) != 2 || rets[0].Used != 7*u || rets[1].Used != 3*u || !pl.Idle() {
+	if len(rets) != 2 || rets[0].Used != 8*u || rets[1].Used != 3*u || !pl.Idle() {
 		t.Fatalf("returns = %+v, idle %v", rets, pl.Idle())
 	}
 }
@@ -128,5 +131,28 @@ func TestPoolRefusals(t *testing.T) {
 	}
 	if _, _, ended := pl.Due(2600 * ms); len(ended) != 1 || !pl.Idle() {
 		t.Fatalf("the sub-grant did not end with its grant: %v", ended)
+	}
+}
+
+// TestPoolReturnsUsedUp: a grant used up (holding less than the last
+// cost asked), with no sub-grant of it out, is returned at the next Due
+// (it only counts against max_outstanding); one with a sub-grant out waits
+// for it.
+func TestPoolReturnsUsedUp(t *testing.T) {
+	var seq uint64
+	pl := NewPool(acmeParams, func() uint64 { seq++; return seq })
+	pl.Granted(0, 1, 7, 10*u, 2*s)
+	pl.Granted(0, 2, 7, 10*u, 2*s)
+	pl.Spend(10*ms, 10*u) // grant 1 (both end together: the first)
+	sub, _ := pl.Carve(10*ms, "gw", 10*u, u)
+	rets, _, _ := pl.Due(20 * ms)
+	if len(rets) != 1 || rets[0].ID != 1 || rets[0].Used != 10*u {
+		t.Fatalf("returns %+v, want grant 1 wholly used", rets)
+	}
+	if err := pl.SubReport(30*ms, sub.ID, 7, 10*u, true); err != nil {
+		t.Fatal(err)
+	}
+	if rets, _, _ := pl.Due(30 * ms); len(rets) != 1 || rets[0].ID != 2 {
+		t.Fatalf("returns %+v, want grant 2 once its sub-grant came back", rets)
 	}
 }

@@ -69,15 +69,22 @@ func (l *Leasing) HandleGateway(r micro.Request) {
 }
 
 // carve makes a sub-grant of key's pool for holder, asking the owner for a
-// grant first (and waiting for it until deadline) when the pool holds
-// none that fits.
+// grant first (and waiting for it, until deadline) when the pool holds
+// none that fits; other gateways may take a new grant first, then it asks
+// again. It answers "exhausted" while the owner says the key's limits lack
+// the units, and "remote" when the owner has no room (max_outstanding),
+// cannot be reached, or nothing came before the deadline.
 func (l *Leasing) carve(p *policies.Policy, key string, part int, holder string, want, least int64, deadline time.Time) reply {
 	base := reply{Policy: p.Name, Revision: p.Revision}
-	for attempt := 0; ; attempt++ {
+	result := func(r string) reply {
+		base.Result = r
+		l.m.subGrants.WithLabelValues(r).Inc()
+		return base
+	}
+	for {
 		e := l.entry(p, key, part)
 		if e == nil {
-			base.Result = resRemote
-			return base
+			return result(resRemote)
 		}
 		now := l.mono(l.cfg.Runtime.Now())
 		e.follow(p)
@@ -87,16 +94,18 @@ func (l *Leasing) carve(p *policies.Policy, key string, part int, holder string,
 			l.mu.Lock()
 			l.subs[sub.ID] = e
 			l.mu.Unlock()
-			base.Result, base.Grant, base.Epoch, base.Units = resGranted, sub.ID, sub.Epoch, sub.Units
+			base.Grant, base.Epoch, base.Units = sub.ID, sub.Epoch, sub.Units
 			base.TTL, base.ReportTo = sub.Deadline-now, NodeSubject(l.cfg.Prefix, l.cfg.Self)
-			l.m.subGrants.WithLabelValues(resGranted).Inc()
-			return base
+			return result(resGranted)
 		}
 		if res, retry := e.pool.Refusal(now); res == lease.Denied {
 			e.mu.Unlock()
-			base.Result, base.RetryAfter = resExhausted, retry
-			l.m.subGrants.WithLabelValues(resExhausted).Inc()
-			return base
+			base.RetryAfter = retry
+			return result(resExhausted)
+		}
+		if e.pool.Backoff(now) {
+			e.mu.Unlock()
+			return result(resRemote)
 		}
 		wantA, ask := e.pool.WantAcquire(now)
 		if ask {
@@ -107,19 +116,17 @@ func (l *Leasing) carve(p *policies.Policy, key string, part int, holder string,
 		if ask {
 			l.startAcquire(e, wantA, least)
 		}
-		if done == nil || attempt > 0 {
-			base.Result = resRemote
-			l.m.subGrants.WithLabelValues(resRemote).Inc()
-			return base
+		if done == nil {
+			// Grants are held but none fits (the cost, or too close to
+			// their end), and holding more is not called for.
+			return result(resRemote)
 		}
 		t := time.NewTimer(time.Until(deadline))
 		select {
 		case <-done:
 			t.Stop()
 		case <-t.C:
-			base.Result = resRemote
-			l.m.subGrants.WithLabelValues(resRemote).Inc()
-			return base
+			return result(resRemote)
 		}
 	}
 }

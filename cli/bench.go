@@ -118,6 +118,10 @@ type benchConfig struct {
 	usage        bool        // the embedded node publishes usage records (NoUsage when false)
 	maxKeys      int64       // the policy's max_keys; 0: none (the default)
 	flood        floodConfig // bench_flood.go
+	// Leased mode (bench_leased.go).
+	holders int
+	regions int
+	shift   time.Duration
 }
 
 func benchFlags(s stdio) (*benchConfig, func([]string) error) {
@@ -133,7 +137,10 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.Float64Var(&c.zipf, "zipf", 1.1, "Zipf exponent of the key popularity (0: uniform)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the key sequence")
 	fs.StringVar(&c.cost, "cost", "1", "cost of each request (decimal)")
-	fs.StringVar(&c.mode, "mode", "strict", "policy mode: strict, async or local")
+	fs.StringVar(&c.mode, "mode", "strict", "policy mode: strict, async, local or leased")
+	fs.IntVar(&c.holders, "holders", 6, "leased: SDK holders (gateways) in this process")
+	fs.IntVar(&c.regions, "regions", 1, "leased: regions of the embedded supercluster the holders are spread over (without --nats-url)")
+	fs.DurationVar(&c.shift, "shift", 2*time.Second, "leased: demand moves between the holders every D (0: every holder busy all along)")
 	fs.StringVar(&c.rate, "rate", "1000/s", "token_bucket rate of each key (N/s, N/m, N/h or N/d)")
 	fs.StringVar(&c.burst, "burst", "100", "token_bucket burst of each key")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the results as one JSON object on the last line")
@@ -147,6 +154,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.BoolVar(&c.usage, "usage", true, "the embedded node publishes usage records and keeps the ledger (false: usage off, to compare)")
 	fs.Usage = func() {
 		fmt.Fprintln(s.err, "usage: limitmesh bench [--nats-url URL] [--duration 10s] [--concurrency 64] [--keys 10000] [--zipf 1.1] [--mode strict] [--json]")
+		fmt.Fprintln(s.err, "       limitmesh bench --mode leased [--holders 6] [--regions 1] [--shift 2s] [...]")
 		fmt.Fprintln(s.err, "Without --nats-url, bench starts an embedded node in this process.")
 		fs.PrintDefaults()
 	}
@@ -160,7 +168,23 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 		}
 		// parseFlags sets flags from their variables with fs.Set, so Visit
 		// sees LIMITMESH_NATS_URL too.
-		fs.Visit(func(f *flag.Flag) { c.external = c.external || f.Name == "nats-url" })
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		c.external = set["nats-url"]
+		if c.mode == "leased" {
+			// Leased mode measures utilization under demand above
+			// capacity on a contiguous decide phase: one key and one
+			// round unless asked otherwise.
+			if !set["keys"] {
+				c.keys = 1
+			}
+			if !set["rounds"] {
+				c.rounds = 1
+			}
+		} else if set["holders"] || set["regions"] || set["shift"] {
+			fmt.Fprintln(s.err, "limitmesh bench: --holders, --regions and --shift are for --mode leased")
+			return errUsage
+		}
 		if c.echoDuration == 0 {
 			c.echoDuration = c.duration
 		}
@@ -198,9 +222,17 @@ func (c *benchConfig) validate() error {
 		return errors.New("--usage=false configures the embedded node; a deployment at --nats-url has its own --usage")
 	}
 	switch c.mode {
-	case "strict", "async", "local":
+	case "strict", "async", "local", "leased":
 	default:
-		return fmt.Errorf("--mode %q: want strict, async or local", c.mode)
+		return fmt.Errorf("--mode %q: want strict, async, local or leased", c.mode)
+	}
+	switch {
+	case c.holders < 1 || c.holders > 1024:
+		return fmt.Errorf("--holders %d: must be 1..1024", c.holders)
+	case c.regions < 1 || c.regions > len(regionNames):
+		return fmt.Errorf("--regions %d: must be 1..%d", c.regions, len(regionNames))
+	case c.shift < 0:
+		return fmt.Errorf("--shift %v: must not be negative", c.shift)
 	}
 	if _, err := policies.ParseCost(c.cost); err != nil {
 		return fmt.Errorf("--cost %q: %v", c.cost, err)
@@ -287,6 +319,9 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	progress := s.err
 	if c.quiet {
 		progress = nil
+	}
+	if c.mode == "leased" {
+		return runLeasedBench(ctx, c, plan, dist, s, progress)
 	}
 
 	var (
@@ -1103,6 +1138,17 @@ type benchReport struct {
 	// Flood is the --flood load's figures (bench_flood.go); absent
 	// without one.
 	Flood *floodReport `json:"flood,omitempty"`
+	// Leased mode (CONTRACT §8): the summed overshoot bound of the keys
+	// with admissions (max_outstanding each), admitted / the contract's
+	// capacity over the run (burst + rate × span of those keys), and the
+	// fraction of decisions the holders made locally; the holders,
+	// regions and shift of the run.
+	Bound         *float64 `json:"bound,omitempty"`
+	Utilization   *float64 `json:"utilization,omitempty"`
+	LocalFraction *float64 `json:"local_fraction,omitempty"`
+	Holders       int      `json:"holders,omitempty"`
+	Regions       int      `json:"regions,omitempty"`
+	ShiftS        float64  `json:"shift_s,omitempty"`
 }
 
 func (r *benchRun) report(echo, decide *phaseResult, tally []keyTally) *benchReport {

@@ -408,6 +408,10 @@ func writeExplain(w io.Writer, p *policies.Policy, rev uint64, nodes int, b mesh
 	for _, l := range p.Limits {
 		fmt.Fprintf(w, "  limit %s: %s\n", l.Name, mesh.FormatLimit(l.Limit))
 	}
+	if p.Mode == policies.ModeLeased {
+		fmt.Fprintf(w, "  lease: grants of up to %s units, ttl %s (holders stop %s early: the skew margin), at most %s units outstanding per key\n",
+			formatUnits(p.Lease.Size), p.Lease.TTL, mesh.LeaseSkewMargin(p.Lease.TTL), formatUnits(p.Lease.MaxOutstanding))
+	}
 	nodeWord := "nodes"
 	if nodes == 1 {
 		nodeWord = "node"
@@ -427,5 +431,10 @@ func writeExplain(w io.Writer, p *policies.Policy, rev uint64, nodes int, b mesh
 		fmt.Fprintln(w, "  (async: per owner crash or lost write of a key: burst + rate × (interval + write timeout); windows: limit)")
 	case policies.ModeLocal:
 		fmt.Fprintln(w, "  (local: each node enforces the whole limit alone: (nodes − 1) × burst; windows: (nodes − 1) × limit)")
+	case policies.ModeLeased:
+		fmt.Fprintln(w, "  (leased: units granted to holders and neither spent, returned nor expired, whatever the number of nodes and gateways:")
+		for _, l := range p.Limits {
+			fmt.Fprintf(w, "   %s: %s)\n", l.Name, mesh.LeaseContract(l.Limit, p.Lease.MaxOutstanding))
+		}
 	}
 }

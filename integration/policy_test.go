@@ -33,8 +33,9 @@ func TestLivePolicyUpdate(t *testing.T) {
 	})
 }
 
-// TestInvalidPolicyRejected: an invalid value (and a mode the node does
-// not implement) is rejected and counted; the last valid version stays.
+// TestInvalidPolicyRejected: an invalid value (and one the node's own
+// rules refuse: a leased concurrency limit) is rejected and counted; the
+// last valid version stays.
 func TestInvalidPolicyRejected(t *testing.T) {
 	_, tn, rev1 := single(t)
 	d := map[string]string{"tenant": "inv"}
@@ -42,8 +43,8 @@ func TestInvalidPolicyRejected(t *testing.T) {
 	waitFor(t, "rejection counted", func() bool {
 		return metricValue(t, tn, `limitmesh_policy_rejections_total{policy="slow"}`) == 1
 	})
-	putPolicy(t, tn.nc, "rl_policies", "slow", strings.Replace(slowPolicy, `"key"`, `"mode": "leased", "key"`, 1))
-	waitFor(t, "leased rejected", func() bool {
+	putPolicy(t, tn.nc, "rl_policies", "slow", `{"match":{"tenant":"*"},"mode":"leased","limits":[{"algorithm":"concurrency","limit":3,"window":"1m"}]}`)
+	waitFor(t, "leased concurrency rejected", func() bool {
 		return metricValue(t, tn, `limitmesh_policy_rejections_total{policy="slow"}`) == 2
 	})
 	putPolicy(t, tn.nc, "rl_policies", "Bad.Name", slowPolicy)

@@ -173,7 +173,12 @@ func TestUsageKillNodeUnderLoad(t *testing.T) {
 		t.Skip("kill test with three processes")
 	}
 	uc := startUsageCluster(t)
-	part := partitionOf(billedKey(usageTenants[0]))
+	// The key's partition, from a dry run's "partition" hint.
+	hint := decide(t, uc.admin, "rl.v1.decide", req(map[string]string{"tenant": usageTenants[0]}, `"dry_run":true`))
+	part := hint.Partition
+	if hint.Code != "" || part < 0 {
+		t.Fatalf("dry run %+v: want a decision with the partition hint", hint)
+	}
 	victim := -1
 	waitFor(t, "an owner of "+billedKey(usageTenants[0])+"'s partition", func() bool {
 		victim = uc.procOf(t, partOwner(uc.admin, part))

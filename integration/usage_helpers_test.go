@@ -5,10 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -283,25 +280,11 @@ func waitCaughtUp(t *testing.T, within time.Duration, js jetstream.JetStream, pe
 	}
 }
 
-// procMetric reads one series (name with labels, as exposed) from a serve
-// process's /metrics; 0 when it is not exposed.
-func procMetric(p *proc, series string) (float64, error) {
-	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get(p.httpURL + "/metrics")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(l, series+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-	return 0, nil
+// procMetricErr is procMetricValue for a series that may be absent (0),
+// for polls that retry an unreadable page.
+func procMetricErr(p *proc, series string) (float64, error) {
+	v, _, err := procMetricValue(p, series)
+	return v, err
 }
 
 // procsPending is the records the processes' publishers hold, summed.
@@ -309,7 +292,7 @@ func procsPending(procs ...*proc) func() (int64, error) {
 	return func() (int64, error) {
 		var sum int64
 		for _, p := range procs {
-			v, err := procMetric(p, "limitmesh_usage_pending_records")
+			v, err := procMetricErr(p, "limitmesh_usage_pending_records")
 			if err != nil {
 				return 0, fmt.Errorf("%s: %w", p.name, err)
 			}

@@ -120,10 +120,10 @@ func TestUsageQuotaExhaustedAcrossRestart(t *testing.T) {
 	// The restarted node's reconciler counted the republished admissions
 	// and compares the key with its quota state once it settles.
 	waitWithin(t, 6*testTimeout, "the reconciler comparing the key with its quota", func() bool {
-		v, err := procMetric(p, `limitmesh_reconcile_checks_total{policy="acme-search"}`)
+		v, err := procMetricErr(p, `limitmesh_reconcile_checks_total{policy="acme-search"}`)
 		return err == nil && v >= 1
 	})
-	if v, err := procMetric(p, `limitmesh_reconcile_corrections_total{policy="acme-search"}`); err != nil || v != 0 {
+	if v, err := procMetricErr(p, `limitmesh_reconcile_corrections_total{policy="acme-search"}`); err != nil || v != 0 {
 		t.Errorf("limitmesh_reconcile_corrections_total = %v (%v), want 0: the ledger and the quota state differ", v, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/lease"
 	"github.com/limitmesh/limitmesh/mesh/internal/service"
 	"github.com/limitmesh/limitmesh/policies"
 )
@@ -24,7 +25,11 @@ import (
 //	        algorithms.
 //	local   (nodes − 1) × burst for buckets, (nodes − 1) × limit (per
 //	        window) for windows: each node enforces the whole limit alone.
-//	leased  not implemented by this node.
+//	leased  max_outstanding: the most units of a key granted to holders and
+//	        neither spent, returned nor expired at any instant (the
+//	        policy's lease; package mesh/internal/lease): over any interval
+//	        admitted(t1, t2) <= the limit's contract + max_outstanding, per
+//	        window for window algorithms.
 
 // DefaultAsyncInterval is the default write-behind interval of async mode
 // (NodeConfig.AsyncInterval).
@@ -56,7 +61,7 @@ type Bound struct {
 
 // OvershootBound computes the overshoot bound of p's mode for the deployment
 // bp, per limit key. It is a pure function. It returns an error wrapping
-// policies.ErrInvalid for a mode this node does not implement (leased).
+// policies.ErrInvalid for a mode this node does not implement.
 func OvershootBound(p *policies.Policy, bp BoundParams) (Bound, error) {
 	nodes := int64(max(bp.Nodes, 1))
 	interval := bp.AsyncInterval
@@ -98,6 +103,9 @@ func OvershootBound(p *policies.Policy, bp BoundParams) (Bound, error) {
 				lb.Units = capacity
 				lb.Arithmetic = fmt.Sprintf("%s %s = %s", capName, formatUnits(capacity), formatUnits(lb.Units))
 			}
+		case policies.ModeLeased:
+			lb.Units = p.Lease.MaxOutstanding
+			lb.Arithmetic = fmt.Sprintf("max_outstanding %s = %s", formatUnits(p.Lease.MaxOutstanding), formatUnits(lb.Units))
 		default:
 			return Bound{}, &policies.Error{Path: "mode", Reason: strconv.Quote(p.Mode.String()) + " is not implemented by this node"}
 		}
@@ -152,4 +160,30 @@ func FormatLimit(l kvstate.Limit) string {
 		return fmt.Sprintf("%s, limit %s per %s", l.Algorithm, formatUnits(l.Limit), l.Period)
 	}
 	return fmt.Sprintf("%s, limit %s per %s", l.Algorithm, formatUnits(l.Limit), time.Duration(l.Window))
+}
+
+// LeaseSkewMargin returns the skew margin of a leased policy's grants of
+// ttl (CONTRACT §8): a holder stops spending a grant this long before its
+// ttl has passed by its own clock, counted from when it asked for it, and
+// an owner counts a grant outstanding this long after its expiry by its
+// own clock. It is a tenth of the ttl (200ms for the default 2s), so a
+// holder's clock may run up to 10% slow, and two owners' clocks may differ
+// by up to the margin, without a grant being spent while it is not
+// counted.
+func LeaseSkewMargin(ttl time.Duration) time.Duration { return lease.MarginOf(ttl) }
+
+// LeaseContract describes, for people, what a leased policy's limit admits
+// over an interval with its overshoot bound, e.g.
+// "admitted(t1, t2) ≤ 40 + 10/s × (t2 − t1) + 40" or, for a window
+// algorithm, "≤ 100 + 40 = 140 per window".
+func LeaseContract(l kvstate.Limit, maxOutstanding int64) string {
+	if l.Algorithm.Bucket() {
+		return fmt.Sprintf("admitted(t1, t2) ≤ %s + %s × (t2 − t1) + %s", formatUnits(l.Burst), policies.FormatRate(l), formatUnits(maxOutstanding))
+	}
+	per := "window"
+	if l.Algorithm == kvstate.Quota {
+		per = l.Period.String()
+	}
+	return fmt.Sprintf("admitted ≤ %s + %s = %s per %s", formatUnits(l.Limit), formatUnits(maxOutstanding),
+		formatUnits(satAdd(l.Limit, maxOutstanding)), per)
 }

@@ -1,11 +1,11 @@
 package mesh
 
 import (
-	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 )
 
@@ -60,10 +60,22 @@ func TestOvershootBound(t *testing.T) {
 	}
 }
 
-func TestOvershootBoundLeasedNotImplemented(t *testing.T) {
-	p := mustParse(t, `{"match":{},"limits":[{"algorithm":"token_bucket","rate":"1/s","burst":1}],"mode":"leased"}`)
-	if _, err := OvershootBound(p, BoundParams{Nodes: 2}); !errors.Is(err, policies.ErrInvalid) {
-		t.Fatalf("leased: err %v, want ErrInvalid", err)
+// TestOvershootBoundLeased: a leased key's bound is its max_outstanding
+// (default: the smallest limit's capacity), whatever the node count; per
+// window for window algorithms.
+func TestOvershootBoundLeased(t *testing.T) {
+	p := mustParse(t, `{"match":{},"limits":[{"name":"rate","algorithm":"token_bucket","rate":"10/s","burst":40},{"name":"w","algorithm":"fixed_window","limit":100,"window":"1m"}],"mode":"leased","lease":{"size":10,"max_outstanding":"25.5"}}`)
+	b, err := OvershootBound(p, BoundParams{Nodes: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "leased: rate: max_outstanding 25.5 = 25.5 units\nleased: w: max_outstanding 25.5 = 25.5 units per window"
+	if got := b.String(); got != want || b.Limits[0].Units != 25_500_000 {
+		t.Fatalf("leased bound %q (%+v), want %q", got, b, want)
+	}
+	p = mustParse(t, `{"match":{},"limits":[{"algorithm":"token_bucket","rate":"10/s","burst":40}],"mode":"leased"}`)
+	if b, _ := OvershootBound(p, BoundParams{Nodes: 2}); b.Limits[0].Units != 40*kvstate.Unit {
+		t.Fatalf("default leased bound %+v, want the burst", b)
 	}
 }
 
@@ -92,7 +104,11 @@ func TestBoundString(t *testing.T) {
 }
 
 func TestParsePolicyModes(t *testing.T) {
-	for mode, ok := range map[string]bool{"strict": true, "async": true, "local": true, "leased": false} {
+	if _, err := ParsePolicy("m", []byte(`{"match":{},"limits":[{"algorithm":"concurrency","limit":5,"window":"1m"}],"mode":"leased"}`)); err == nil ||
+		!strings.Contains(err.Error(), `limits[0].algorithm: "concurrency" cannot be leased`) {
+		t.Errorf("a leased concurrency limit: %v", err)
+	}
+	for mode, ok := range map[string]bool{"strict": true, "async": true, "local": true, "leased": true} {
 		_, err := ParsePolicy("m", []byte(`{"match":{},"limits":[{"algorithm":"token_bucket","rate":"1/s","burst":1}],"mode":"`+mode+`"}`))
 		if (err == nil) != ok {
 			t.Errorf("mode %s: err %v, want accepted=%v", mode, err, ok)

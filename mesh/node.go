@@ -12,6 +12,8 @@
 //	internal/route      which partitions this node serves now
 //	internal/ownership  partition leases and epochs: a core and its runner
 //	internal/journal    the state journal: appends, checkpoints, fences, adoption
+//	internal/lease      leased mode's pure core: grants, refunds, a holder's pool
+//	internal/leasing    leased mode's I/O: owner, holder and gateway sides
 //	internal/member     one node's routing, keys, journal and ownership, wired
 //	internal/sim        the deterministic simulation of several members
 //
@@ -36,6 +38,7 @@ import (
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/journal"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
+	"github.com/limitmesh/limitmesh/mesh/internal/leasing"
 	"github.com/limitmesh/limitmesh/mesh/internal/member"
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/policyset"
@@ -169,6 +172,7 @@ type Node struct {
 	policies *policyset.Set
 	route    *route.Table
 	svc      *service.Service
+	leasing  *leasing.Leasing // nil before Start
 	member   *member.Member   // nil before Start
 	pub      *usage.Publisher // nil before Start and with NoUsage
 
@@ -181,8 +185,10 @@ type Node struct {
 	cancel  context.CancelFunc
 	bg      sync.WaitGroup
 
-	subMu sync.Mutex
-	subs  []*nats.Subscription // the shard subjects of the partitions held
+	subMu     sync.Mutex
+	subs      []*nats.Subscription // the shard subjects of the partitions held
+	leaseSubs []*nats.Subscription // their lease owner subjects
+	nodeSub   *nats.Subscription   // this node's lease subject (gateways' reports)
 }
 
 // NewNode returns a node on nc; it does nothing until Start.
@@ -256,6 +262,7 @@ func NewNode(nc *nats.Conn, cfg NodeConfig) (*Node, error) {
 	n.policies = policyset.New()
 	n.route = route.New(cfg.Prefix, cfg.Partitions, n.rt, n.rt.Now())
 	n.subs = make([]*nats.Subscription, cfg.Partitions)
+	n.leaseSubs = make([]*nats.Subscription, cfg.Partitions)
 	return n, nil
 }
 
@@ -275,6 +282,10 @@ func (n *Node) StateBucket() string       { return n.cfg.Prefix + "_state" }
 func (n *Node) ShardBucket() string       { return n.cfg.Prefix + "_shards" }
 func (n *Node) DecideSubject() string     { return n.cfg.Prefix + ".v1.decide" }
 func (n *Node) ShardSubject(p int) string { return n.cfg.Prefix + ".v1.shard." + strconv.Itoa(p) }
+
+// LeaseSubject is where gateways ask for grants of leased keys
+// ("<prefix>.v1.lease", the micro service's endpoint "lease").
+func (n *Node) LeaseSubject() string { return leasing.GatewaySubject(n.cfg.Prefix) }
 
 // JournalStream returns the name of the state journal stream.
 func (n *Node) JournalStream() string { return journal.StreamName(n.cfg.Prefix) }
@@ -496,6 +507,30 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
 	}
+	n.leasing, err = leasing.New(leasing.Config{
+		Conn:       n.nc,
+		Prefix:     n.cfg.Prefix,
+		Self:       n.cfg.NodeID,
+		Policies:   n.policies,
+		Keys:       m.Keys,
+		Route:      n.route,
+		Runtime:    n.rt,
+		Timeout:    n.cfg.DecisionTimeout,
+		Log:        n.log,
+		Registerer: n.reg,
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	n.bg.Go(func() { n.leasing.Run(bgctx) })
+	nodeSub, err := n.nc.Subscribe(leasing.NodeSubject(n.cfg.Prefix, n.cfg.NodeID), n.leasing.HandleNode)
+	if err != nil {
+		return fmt.Errorf("mesh: subscribing to the node's lease subject: %w", err)
+	}
+	_ = nodeSub.SetPendingLimits(-1, -1)
+	n.subMu.Lock()
+	n.nodeSub = nodeSub
+	n.subMu.Unlock()
 	n.svc = service.New(service.Config{
 		Conn:            n.nc,
 		Policies:        n.policies,
@@ -505,6 +540,7 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		DecisionTimeout: n.cfg.DecisionTimeout,
 		Binder:          n.cfg.Binder,
 		Usage:           n.pub,
+		Leases:          n.leasing,
 		Log:             n.log,
 		Metrics:         sm,
 	})
@@ -544,6 +580,15 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		_ = svc.Stop()
 		return fmt.Errorf("mesh: adding decide endpoint: %w", err)
 	}
+	// Gateways (the Go SDK) ask for grants of leased keys here; their
+	// region's nodes answer (docs/protocol.md, "Leased mode").
+	if err := svc.AddEndpoint("lease", micro.HandlerFunc(n.leasing.HandleGateway),
+		micro.WithEndpointSubject(n.LeaseSubject()),
+		micro.WithEndpointQueueGroup(QueueGroup),
+		micro.WithEndpointPendingLimits(-1, -1)); err != nil {
+		_ = svc.Stop()
+		return fmt.Errorf("mesh: adding lease endpoint: %w", err)
+	}
 	if err := n.nc.FlushWithContext(ctx); err != nil {
 		_ = svc.Stop()
 		return fmt.Errorf("mesh: flushing subscriptions: %w", err)
@@ -566,29 +611,41 @@ func (n *Node) sweep(ctx context.Context, idle time.Duration) {
 	}
 }
 
-// onServe subscribes partition p's subject while this node holds p.
+// onServe subscribes partition p's subjects (decide and lease) while this
+// node holds p.
 func (n *Node) onServe(p int, held bool) {
 	n.subMu.Lock()
 	defer n.subMu.Unlock()
 	if held {
-		if n.subs[p] != nil {
-			return
+		if n.subs[p] == nil {
+			n.subs[p] = n.subscribe(n.route.Subject(p), n.svc.HandleMsg)
 		}
-		sub, err := n.nc.Subscribe(n.route.Subject(p), n.svc.HandleMsg)
-		if err != nil {
-			n.log.Warn("subscribing to a shard subject", "subject", n.route.Subject(p), "error", err.Error())
-			return
+		if n.leaseSubs[p] == nil {
+			n.leaseSubs[p] = n.subscribe(leasing.OwnerSubject(n.cfg.Prefix, p), n.leasing.HandleOwner)
 		}
-		_ = sub.SetPendingLimits(-1, -1)
-		n.subs[p] = sub
 		return
 	}
-	if n.subs[p] != nil {
-		// Drain: requests already delivered are still handled (and
-		// forwarded, since the slot no longer serves).
-		_ = n.subs[p].Drain()
-		n.subs[p] = nil
+	// Drain: requests already delivered are still handled (decisions
+	// forwarded, lease requests answered "not_owner": the slot no longer
+	// serves).
+	for _, subs := range [][]*nats.Subscription{n.subs, n.leaseSubs} {
+		if subs[p] != nil {
+			_ = subs[p].Drain()
+			subs[p] = nil
+		}
 	}
+}
+
+// subscribe subscribes a partition subject with no pending limits; nil
+// (logged) when it fails.
+func (n *Node) subscribe(subject string, h nats.MsgHandler) *nats.Subscription {
+	sub, err := n.nc.Subscribe(subject, h)
+	if err != nil {
+		n.log.Warn("subscribing to a partition subject", "subject", subject, "error", err.Error())
+		return nil
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	return sub
 }
 
 // versionFetcher fetches old policy versions for the key owners.
@@ -709,6 +766,11 @@ func (n *Node) Stop(ctx context.Context) error {
 	var err error
 	if n.micro != nil {
 		err = n.micro.Stop()
+		// Give every grant this node holds back to its key's owner while
+		// the owners are still there.
+		lctx, lcancel := context.WithTimeout(ctx, 2*n.cfg.DecisionTimeout)
+		n.leasing.Stop(lctx)
+		lcancel()
 		// Leave the mesh: hand every partition over (each is drained,
 		// its keys dropped, its entry deleted so the next owner claims it
 		// at once in a greater epoch).
@@ -759,11 +821,17 @@ func (n *Node) Stop(ctx context.Context) error {
 		n.member.Stop()
 	}
 	n.subMu.Lock()
-	for p, sub := range n.subs {
-		if sub != nil {
-			_ = sub.Unsubscribe()
-			n.subs[p] = nil
+	for _, subs := range [][]*nats.Subscription{n.subs, n.leaseSubs} {
+		for p, sub := range subs {
+			if sub != nil {
+				_ = sub.Unsubscribe()
+				subs[p] = nil
+			}
 		}
+	}
+	if n.nodeSub != nil {
+		_ = n.nodeSub.Unsubscribe()
+		n.nodeSub = nil
 	}
 	n.subMu.Unlock()
 	return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -25,6 +26,8 @@ type options struct {
 	now           func() time.Time
 	maxKeys       int
 	hints         int
+	holder        string // leasing: this gateway's holder name ("" = off)
+	customClock   bool   // Clock was given
 }
 
 // An Option configures a Client in [New].
@@ -73,14 +76,17 @@ func OnUnavailable(fn func(policy string, descriptor map[string]string) Failure)
 	}
 }
 
-// Clock sets the clock of the emergency buckets (default time.Now); tests
-// inject a fake one.
+// Clock sets the clock of the emergency buckets and of the grants held
+// with [Leasing] (default time.Now); tests inject a fake one. A custom
+// clock is read on every spend of a grant; the default one is read by the
+// spend path through a coarse copy advanced every millisecond.
 func Clock(now func() time.Time) Option {
 	return func(o *options) error {
 		if now == nil {
 			return errors.New("limitmesh client: nil clock")
 		}
 		o.now = now
+		o.customClock = true
 		return nil
 	}
 }
@@ -108,6 +114,18 @@ type Client struct {
 	keys    *keyCache  // nil without OnUnavailable
 	hints   *hintCache // nil with PartitionHints(0)
 	bufs    sync.Pool  // *[]byte request buffers
+
+	// Leasing (lease.go).
+	base        time.Time // origin of the client's clock
+	lmu         sync.RWMutex
+	leases      map[string]*Lease // by descriptor key
+	kicks       chan *Lease       // prefetch requests of the spend path
+	loopStop    chan struct{}     // nil: the loop is not running
+	loopDone    chan struct{}
+	bg          sync.WaitGroup // acquires, reports and returns in flight
+	lostReturns atomic.Int64
+	coarseOn    bool         // the spend path reads coarse (the default clock)
+	coarse      atomic.Int64 // the client's clock, advanced by the loop every clockTick
 }
 
 // New returns a Client that sends requests on nc. The connection stays
@@ -123,7 +141,8 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 			return nil, err
 		}
 	}
-	c := &Client{nc: nc, subject: o.prefix + ".v1.decide", opts: o}
+	c := &Client{nc: nc, subject: o.prefix + ".v1.decide", opts: o, base: o.now(),
+		leases: make(map[string]*Lease), kicks: make(chan *Lease, 1024), coarseOn: !o.customClock}
 	if o.onUnavailable != nil {
 		c.keys = newKeyCache(o.maxKeys)
 	}
@@ -154,7 +173,19 @@ func (c *Client) Subject() string { return c.subject }
 //
 // The request timeout is ctx's deadline, or the client's [Timeout] when ctx
 // has none.
+//
+// With [Leasing], a descriptor is decided by its [Lease] ([Lease.Decide]):
+// a leased policy's decisions are spent from grants the client holds
+// (Source [SourceLease]); other policies' are decided remotely as above.
 func (c *Client) Decide(ctx context.Context, d map[string]string, cost int64, opts ...DecideOption) (*Result, error) {
+	if c.opts.holder != "" && len(d) > 0 {
+		return c.lease(descriptorKey(d), d).Decide(ctx, cost, opts...)
+	}
+	return c.decide(ctx, d, cost, opts...)
+}
+
+// decide is Decide without leasing: one request to the decide service.
+func (c *Client) decide(ctx context.Context, d map[string]string, cost int64, opts ...DecideOption) (*Result, error) {
 	var o decideOptions
 	for _, opt := range opts {
 		opt(&o)

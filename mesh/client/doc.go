@@ -50,6 +50,29 @@
 // are remembered. Failure results carry Source and the cause in Result.Err.
 // Errors that are not unavailability are never masked.
 //
+// # Leased mode (CONTRACT §8)
+//
+// With [Leasing], the client holds grants of leased policies: units the
+// nodes of its region hand it (carved from grants the limit key's owner
+// made them) that it spends locally until they expire:
+//
+//	c, _ := client.New(nc, client.Leasing("gw-eu-1"))
+//	defer c.Close() // returns what was not spent
+//	res, err := c.Decide(ctx, d, 1) // Source SourceLease when spent locally
+//	l, _ := c.Lease(d)
+//	if l.Spend(1) { /* admitted: no allocation, no round trip */ }
+//
+// A grant is spent until the client's clock, counted from when it asked,
+// passes the grant's ttl less a tenth (the skew margin the nodes
+// document), and never beyond its units. The client reports its cumulative
+// spend per grant, asks for the next grant when half of the current one is
+// spent (or a quarter ttl before it ends), returns a grant unused for a
+// quarter ttl (so busier holders get the units), and returns everything on
+// [Client.Close]. When the nodes have no grant to give, the client decides
+// remotely (strict), or denies locally while they say the key's limits
+// lack the units; when no node answers, the failure behaviour applies.
+// The wire protocol is in docs/protocol.md, "Leased mode".
+//
 // # HTTP
 //
 // [Middleware] maps each HTTP request to a descriptor and cost (or passes

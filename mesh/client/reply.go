@@ -27,9 +27,13 @@ const (
 	// SourceEmergency: the service was unavailable and a local emergency
 	// bucket ([FailOpenBucket]) decided.
 	SourceEmergency
+	// SourceLease: a leased policy's decision the client made itself
+	// ([Leasing]): admitted from a grant it holds, or denied while the
+	// nodes say the key's limits lack the units (RetryAfter set).
+	SourceLease
 )
 
-// String returns "service", "fail_closed" or "emergency".
+// String returns "service", "fail_closed", "emergency" or "lease".
 func (s Source) String() string {
 	switch s {
 	case SourceService:
@@ -38,6 +42,8 @@ func (s Source) String() string {
 		return "fail_closed"
 	case SourceEmergency:
 		return "emergency"
+	case SourceLease:
+		return "lease"
 	}
 	return "source(" + strconv.Itoa(int(s)) + ")"
 }

@@ -49,6 +49,8 @@ func knownFormat(b []byte) bool {
 //	uvarint n dedupe entries, oldest first, each:
 //	  [16]byte id hash, varint at (ns), byte flags (1 allowed, 2 shadow_denied),
 //	  varint remaining, varint retry_after, varint reset_after, uvarint revision
+//	extension sections, each byte tag, uvarint length, body; tag 1: grants
+//	  (leased mode, grants.go), present only when the record has any
 type Record struct {
 	Policy   string // the policy the states were last written under
 	Revision uint64 // that policy's KV revision
@@ -67,6 +69,10 @@ type Record struct {
 	RestAt int64
 	States []kvstate.State // one per limit, in the policy's limit order
 	Dedupe []DedupeEntry   // recent request_ids, oldest first
+	// Grants are the outstanding grants of a leased key, oldest first,
+	// and GrantSeq the id of the last grant made (ids only grow).
+	Grants   []Grant
+	GrantSeq uint64
 }
 
 // DedupeEntry is one remembered request_id.
@@ -87,7 +93,7 @@ const (
 // SizeHint is a capacity that usually holds r's encoding, so
 // encoding allocates once.
 func SizeHint(r *Record) int {
-	return 42 + len(r.Policy) + 40*len(r.States) + 48*len(r.Dedupe)
+	return 42 + len(r.Policy) + 40*len(r.States) + 48*len(r.Dedupe) + 64*len(r.Grants)
 }
 
 // Append appends the encoding of r to dst.
@@ -128,7 +134,7 @@ func Append(dst []byte, r *Record) []byte {
 		dst = binary.AppendVarint(dst, e.D.ResetAfter)
 		dst = binary.AppendUvarint(dst, e.D.Revision)
 	}
-	return dst
+	return appendGrants(dst, r)
 }
 
 // reader decodes with bounds checks; the first error sticks.
@@ -231,9 +237,7 @@ func Decode(b []byte) (Record, error) {
 		e.D.Revision = r.uvarint("entry revision")
 		rec.Dedupe = append(rec.Dedupe, e)
 	}
-	if r.err == nil && len(r.b) != 0 {
-		r.fail("trailing bytes")
-	}
+	decodeSections(&r, &rec)
 	if r.err != nil {
 		return Record{}, r.err
 	}

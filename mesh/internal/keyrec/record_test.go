@@ -115,6 +115,7 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add(Append(nil, new(sampleRecord())))
 	f.Add(Append(nil, &Record{}))
 	f.Add(Append(nil, new(bigRecord())))
+	f.Add(Append(nil, new(grantRecord())))
 	f.Add([]byte{1})
 	rest := sampleRecord()
 	rest.RestAt = -1 << 63

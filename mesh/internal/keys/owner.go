@@ -121,6 +121,9 @@ type Call struct {
 	RequestID string
 	// At is set when the call is decided: the decision's instant (ns).
 	At int64
+	// Lease, when not nil, makes the call a grant operation of a leased
+	// key instead of a decision (lease.go).
+	Lease *LeaseOp
 
 	conflicts int           // lost writes this call was part of
 	mode      policies.Mode // of the policy version that decided it
@@ -653,6 +656,9 @@ func (o *owner) decideWith(rec *keyrec.Record, c *Call, p *policies.Policy, now 
 		o.transition(rec, p, now)
 	}
 	rec.PruneDedupe(now)
+	if c.Lease != nil {
+		return o.decideLease(rec, c, p, o.limitsFor(p), now)
+	}
 	if c.HasID && !c.DryRun {
 		if d, ok := rec.FindDedupe(c.ID); ok {
 			d.Policy = p.Name
@@ -660,13 +666,7 @@ func (o *owner) decideWith(rec *keyrec.Record, c *Call, p *policies.Policy, now 
 			return false
 		}
 	}
-	if o.limitsOf != p {
-		o.limits = o.limits[:0]
-		for _, l := range p.Limits {
-			o.limits = append(o.limits, l.Limit)
-		}
-		o.limitsOf = p
-	}
+	o.limitsFor(p)
 	// Decide into the spare buffer; on admission the buffers swap (rec is
 	// the owner's own record, never shared: writes carry encoded bytes).
 	kd, states := kvstate.DecideAll(o.limits, rec.States, now, c.Cost, o.spare)
@@ -703,6 +703,18 @@ func (o *owner) decideWith(rec *keyrec.Record, c *Call, p *policies.Policy, now 
 	return changed
 }
 
+// limitsFor returns p's limits as DecideAll takes them (cached).
+func (o *owner) limitsFor(p *policies.Policy) []kvstate.Limit {
+	if o.limitsOf != p {
+		o.limits = o.limits[:0]
+		for _, l := range p.Limits {
+			o.limits = append(o.limits, l.Limit)
+		}
+		o.limitsOf = p
+	}
+	return o.limits
+}
+
 // transition brings rec's states to policy p (§28). The instant of the
 // change is when p's revision was written (now if unknown). A keyrec.Record of
 // another policy starts fresh. When the old version is unknown, states
@@ -730,6 +742,7 @@ func (o *owner) transition(rec *keyrec.Record, p *policies.Policy, now int64) {
 	}
 	if rec.Policy != p.Name {
 		rec.Dedupe = nil
+		rec.Grants = nil // another policy's grants: its states are gone too
 	}
 	rec.Policy, rec.Revision, rec.States = p.Name, p.Revision, states
 }

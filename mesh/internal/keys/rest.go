@@ -30,6 +30,12 @@ func recordRestAt(p *policies.Policy, rec *keyrec.Record) int64 {
 		// Entries are oldest first.
 		at = max(at, satAdd(rec.Dedupe[n-1].At, keyrec.DedupeWindow))
 	}
+	for i := range rec.Grants {
+		// A leased key's outstanding grant (its reports and return may
+		// still come) keeps the record, and so its grant ids, until it
+		// expires.
+		at = max(at, rec.Grants[i].Expires)
+	}
 	if at == 0 {
 		at = 1
 	}

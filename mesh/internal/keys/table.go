@@ -9,10 +9,11 @@
 // goroutines come from an rt.Runtime, so the deterministic simulation
 // drives the same code.
 //
-// keys imports kvstate, policies, keyrec, fail and rt.
+// keys imports kvstate, policies, keyrec, lease, fail and rt.
 package keys
 
 import (
+	"errors"
 	"log/slog"
 	"math"
 	"slices"
@@ -366,3 +367,7 @@ func (e *Entry) Gone() bool {
 	defer e.mu.Unlock()
 	return e.gone
 }
+
+// ErrNotLeased is a LeaseOp's Refused for an acquire of a key whose
+// policy is not in leased mode.
+var ErrNotLeased = errors.New("keys: the policy is not leased")

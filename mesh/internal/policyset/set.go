@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 )
 
@@ -120,8 +121,9 @@ func (s *Set) Remove(name string) {
 }
 
 // Parse parses one policy entry and applies this node's rules on top of
-// policies.Parse: the modes strict, async and local are implemented
-// (leased is not yet). rev is the entry's KV revision.
+// policies.Parse: every mode is implemented; a leased policy may not have
+// a concurrency limit (slots are held and released, not spent: they
+// cannot be granted ahead). rev is the entry's KV revision.
 func Parse(name string, value []byte, rev uint64) (*policies.Policy, error) {
 	p, err := policies.Parse(name, value)
 	if err != nil {
@@ -129,8 +131,14 @@ func Parse(name string, value []byte, rev uint64) (*policies.Policy, error) {
 	}
 	switch p.Mode {
 	case policies.ModeStrict, policies.ModeAsync, policies.ModeLocal:
+	case policies.ModeLeased:
+		for i, l := range p.Limits {
+			if l.Algorithm == kvstate.Concurrency {
+				return nil, &policies.Error{Path: "limits[" + strconv.Itoa(i) + "].algorithm", Reason: `"concurrency" cannot be leased`}
+			}
+		}
 	default:
-		return nil, &policies.Error{Path: "mode", Reason: strconv.Quote(p.Mode.String()) + " is not implemented by this node (strict, async and local are)"}
+		return nil, &policies.Error{Path: "mode", Reason: strconv.Quote(p.Mode.String()) + " is not implemented by this node"}
 	}
 	p.Revision = rev
 	return p, nil

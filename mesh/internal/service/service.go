@@ -50,9 +50,20 @@ type Config struct {
 	// Usage publishes the usage records (CONTRACT §6) of the decisions the
 	// key owners' store does not (denials, local and unmatched decisions);
 	// nil: none.
-	Usage   *usage.Publisher
+	Usage *usage.Publisher
+	// Leases decides requests of leased policies from this node's grants
+	// (CONTRACT §8); nil: their owners decide them all (strict).
+	Leases  Leaser
 	Log     *slog.Logger
 	Metrics *Metrics
+}
+
+// Leaser spends a node's grants of leased keys (package leasing).
+type Leaser interface {
+	// Spend decides a request of cost micro-units of leased policy p for
+	// key (in partition part) at now from this node's grants; false when
+	// it cannot (the key's owner decides).
+	Spend(p *policies.Policy, key string, part int, cost int64, now time.Time) (keyrec.Decision, bool)
 }
 
 // Service answers decide requests. Its methods are safe for concurrent use.
@@ -213,6 +224,15 @@ func (s *Service) Handle(r micro.Request) {
 // policy is local), and forwards it otherwise. now is the current time
 // (one clock read serves the whole path).
 func (s *Service) route(rq *routed, now time.Time) {
+	// A leased key's request is spent from this node's grant when it
+	// can be: not a dry run, no request_id (dedupe is the owner's), not
+	// already forwarded (a forwarded one is the strict fallback).
+	if rq.p.Mode == policies.ModeLeased && s.cfg.Leases != nil && !rq.hopped && !rq.req.dryRun && rq.req.id == "" {
+		if d, ok := s.cfg.Leases.Spend(rq.p, rq.key, rq.part, rq.req.cost, now); ok {
+			s.leased(rq, d, now)
+			return
+		}
+	}
 	rt := s.cfg.Route
 	if rt == nil || rq.part < 0 || rq.p.Mode == policies.ModeLocal {
 		s.submit(rq, nil, now)
@@ -310,8 +330,10 @@ func (s *Service) finish(c *keys.Call, rq *routed) {
 		s.record(rq, c)
 	}
 	part := rq.keyPart
-	if rq.p.Mode == policies.ModeLocal || rq.noHint {
-		part = -1 // any node decides a local key; a tenant may not use shard subjects
+	if rq.p.Mode == policies.ModeLocal || rq.p.Mode == policies.ModeLeased || rq.noHint {
+		// Any node decides a local key, and a leased one first from its
+		// own grants; a tenant may not use shard subjects.
+		part = -1
 	}
 	s.replyOK(r, rq.start, c.Out, part, rq.buf[:0])
 }
@@ -403,6 +425,22 @@ func bindTenant(d policies.Descriptor, caller, own string) (policies.Descriptor,
 		return d, fmt.Errorf("%w: %v", fail.ErrBadRequest, err)
 	}
 	return nd, nil
+}
+
+// leased answers rq with d, decided from this node's grants at now.
+func (s *Service) leased(rq *routed, d keyrec.Decision, now time.Time) {
+	res := resDenied
+	if d.Allowed {
+		res = resAllowed
+	}
+	s.m.decision(d.Policy, res)
+	if u := s.cfg.Usage; u != nil {
+		u.Add(d.Policy, usage.Record{TimeUs: now.UnixMicro(), Revision: d.Revision, Key: rq.key,
+			Descriptor: rq.req.desc, Cost: rq.req.cost, Allowed: d.Allowed})
+	}
+	s.replyOK(rq.r, rq.start, d, -1, rq.buf[:0])
+	*rq = routed{}
+	s.routed.Put(rq)
 }
 
 // record publishes the usage record of call c of rq.

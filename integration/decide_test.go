@@ -256,7 +256,8 @@ func TestTwoNodesShareState(t *testing.T) {
 }
 
 // TestServiceDiscovery: the node is a micro service named limitmesh with
-// the decide endpoint on rl.v1.decide in queue group limitmesh.
+// the decide endpoint on rl.v1.decide and the lease endpoint on
+// rl.v1.lease, in queue group limitmesh.
 func TestServiceDiscovery(t *testing.T) {
 	_, tn, _ := single(t)
 	m, err := tn.nc.Request("$SRV.INFO.limitmesh", nil, testTimeout)
@@ -267,8 +268,13 @@ func TestServiceDiscovery(t *testing.T) {
 	if err := json.Unmarshal(m.Data, &info); err != nil {
 		t.Fatal(err)
 	}
-	if info.Name != "limitmesh" || len(info.Endpoints) != 1 || info.Endpoints[0].Name != "decide" ||
-		info.Endpoints[0].Subject != "rl.v1.decide" || info.Endpoints[0].QueueGroup != "limitmesh" {
+	// Endpoints: decide, and lease (gateways' sub-grants, leased mode).
+	want := map[string]string{"decide": "rl.v1.decide", "lease": "rl.v1.lease"}
+	ok := info.Name == "limitmesh" && len(info.Endpoints) == len(want)
+	for _, e := range info.Endpoints {
+		ok = ok && want[e.Name] == e.Subject && e.QueueGroup == "limitmesh"
+	}
+	if !ok {
 		t.Fatalf("service info: %+v", info)
 	}
 }

@@ -217,10 +217,25 @@ func (l *load) resetGap() {
 // once the credit gathered during the gap is spent.
 func (l *load) waitDecisions(t *testing.T, from loadStats, n int, within time.Duration, what string) {
 	t.Helper()
+	l.waitUntil(t, from, n, true, within, what)
+}
+
+// waitAnswered is waitDecisions for a load its limit need not deny (a
+// metered key): n more decisions, denied or not.
+func (l *load) waitAnswered(t *testing.T, from loadStats, n int, within time.Duration, what string) {
+	t.Helper()
+	l.waitUntil(t, from, n, false, within, what)
+}
+
+func (l *load) waitUntil(t *testing.T, from loadStats, n int, denial bool, within time.Duration, what string) {
+	t.Helper()
 	start := time.Now()
-	for st := l.stats(); st.ok()-from.ok() < n || st.denied == from.denied; st = l.stats() {
+	for st := l.stats(); st.ok()-from.ok() < n || denial && st.denied == from.denied; st = l.stats() {
 		if time.Since(start) > within {
-			t.Fatalf("%s: fewer than %d decisions or no denial within %s (%v)", what, n, within, st.sub(from))
+			if denial {
+				t.Fatalf("%s: fewer than %d decisions or no denial within %s (%v)", what, n, within, st.sub(from))
+			}
+			t.Fatalf("%s: fewer than %d decisions within %s (%v)", what, n, within, st.sub(from))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -102,7 +102,7 @@ func (ul *usageLoads) all() []*load {
 func (ul *usageLoads) wait(t *testing.T, from map[*load]loadStats, n int, within time.Duration, what string) {
 	t.Helper()
 	for _, l := range ul.all() {
-		l.waitDecisions(t, from[l], n, within, what)
+		l.waitAnswered(t, from[l], n, within, what)
 	}
 }
 

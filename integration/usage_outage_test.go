@@ -71,7 +71,7 @@ func TestUsageStreamUnreachable(t *testing.T) {
 	localDenied := startLoadBody(t, conns[:1], req(map[string]string{"site": "s2"}, `"cost":2000000`))
 	loads := []*load{strict, local, localDenied}
 	for _, l := range loads {
-		l.waitDecisions(t, loadStats{}, 100, 3*testTimeout, "before the cut")
+		l.waitAnswered(t, loadStats{}, 100, 3*testTimeout, "before the cut")
 	}
 	waitFor(t, "records in the stream", func() bool {
 		st, err := streamUsage(t, js)
@@ -96,9 +96,9 @@ func TestUsageStreamUnreachable(t *testing.T) {
 	})
 	// Decisions are answered meanwhile: local ones at once, strict ones
 	// once the state's streams have leaders on the two connected servers.
-	local.waitDecisions(t, snap[local], 200, 3*testTimeout, "local decisions while the usage stream is cut off")
+	local.waitAnswered(t, snap[local], 200, 3*testTimeout, "local decisions while the usage stream is cut off")
 	localDenied.waitDecisions(t, snap[localDenied], 100, 3*testTimeout, "local denials while the usage stream is cut off")
-	strict.waitDecisions(t, snap[strict], 100, 6*testTimeout, "strict decisions while the usage stream is cut off")
+	strict.waitAnswered(t, snap[strict], 100, 6*testTimeout, "strict decisions while the usage stream is cut off")
 	held = max(held, metric("limitmesh_usage_pending_records", nil))
 	t.Logf("cut off for %v: %d local, %d strict decisions answered meanwhile; up to %v records held; %v publish retries",
 		time.Since(cutAt).Round(time.Millisecond), local.stats().ok()-snap[local].ok(), strict.stats().ok()-snap[strict].ok(),
@@ -110,7 +110,7 @@ func TestUsageStreamUnreachable(t *testing.T) {
 		snap[l] = l.stats()
 	}
 	for _, l := range loads {
-		l.waitDecisions(t, snap[l], 50, 6*testTimeout, "after the heal")
+		l.waitAnswered(t, snap[l], 50, 6*testTimeout, "after the heal")
 	}
 	for _, l := range loads {
 		l.stop()

@@ -27,7 +27,7 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		switch p.Mode {
-		case policies.ModeStrict, policies.ModeAsync, policies.ModeLocal:
+		case policies.ModeStrict, policies.ModeAsync, policies.ModeLocal, policies.ModeLeased:
 		default:
 			t.Fatalf("accepted mode %v", p.Mode)
 		}

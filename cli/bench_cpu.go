@@ -37,6 +37,9 @@ func cpuPer(cpu time.Duration, replies int64) float64 {
 
 // printCPU writes the report's CPU line.
 func (rep *benchReport) printCPU(w io.Writer, c *benchConfig) {
+	if rep.CPUPerDecisionUs == 0 && rep.EchoCPUPerRequestUs == 0 {
+		return // not measured (leased mode)
+	}
 	who := "bench's load and the embedded node with its NATS server"
 	if c.external {
 		who = "bench's load only"

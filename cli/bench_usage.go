@@ -43,6 +43,9 @@ func measureUsageLag(ctx context.Context, js jetstream.JetStream, c *benchConfig
 // printUsageLag writes the report's usage lag line.
 func (rep *benchReport) printUsageLag(w io.Writer) {
 	if rep.UsageLagMs == nil {
+		if rep.usageNote == "" {
+			return // not measured (leased mode)
+		}
 		fmt.Fprintf(w, "usage lag: %s\n", rep.usageNote)
 		return
 	}

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -174,5 +176,16 @@ func TestDemo(t *testing.T) {
 	// (the demo itself fails when the contract is exceeded).
 	if !strings.Contains(out, "one global limit (limitmesh, strict):  admitted 4") {
 		t.Errorf("demo output:\n%s", out)
+	}
+	// The leased story: six SDK gateways in two regions; the admitted count
+	// is checked against burst + rate × elapsed + max_outstanding here too
+	// (the demo fails beyond it), and the limit binds: 80 at once cannot
+	// all be admitted.
+	m := regexp.MustCompile(`leased \(grants spent in the gateways\):  admitted +(\d+), denied +(\d+)`).FindStringSubmatch(out)
+	if m == nil || !strings.Contains(out, "in 2 region(s) [eu, us]") || !strings.Contains(out, "+ max_outstanding = 40 + 10/s x ") {
+		t.Fatalf("demo output lacks the leased story:\n%s", out)
+	}
+	if admitted, _ := strconv.Atoi(m[1]); admitted < 1 || admitted > 60 || m[2] == "0" {
+		t.Errorf("leased: admitted %s, denied %s of 80 at once: want 1..60 admitted (burst 40, bound 20) and denials", m[1], m[2])
 	}
 }

@@ -97,7 +97,33 @@ func runDemo(ctx context.Context, args []string, s stdio) error {
 		connect = func() (*nats.Conn, error) { return emb.Connect() }
 		fmt.Fprintln(s.out, "started an embedded limitmesh node (NATS + JetStream in this process)")
 	}
-	return demo(ctx, s, &cf, connect)
+	if err := demo(ctx, s, &cf, connect); err != nil {
+		return err
+	}
+
+	// The leased story: against the deployment at --nats-url (every
+	// gateway connects there), else on an embedded two-region supercluster.
+	ld := &leasedDemo{
+		connect: func(int) (*nats.Conn, error) { return connect() },
+		region:  func(int) string { return "default" },
+		regions: 1,
+	}
+	if !external {
+		// The regions' servers warn while their gateways and JetStream
+		// form: only errors, unless -v.
+		log := slog.New(slog.NewTextHandler(s.err, &slog.HandlerOptions{Level: slog.LevelError}))
+		if verbose {
+			log = slog.New(slog.NewTextHandler(s.err, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		}
+		var stop func()
+		var err error
+		if ld, stop, err = startLeasedDemo(ctx, cf.prefix, log); err != nil {
+			return fmt.Errorf("the leased demo's regions: %v", err)
+		}
+		defer stop()
+		fmt.Fprintf(s.out, "\nstarted an embedded supercluster of %d regions (one NATS server and node each) for leased mode\n", ld.regions)
+	}
+	return demoLeased(ctx, s.out, cf.prefix, ld)
 }
 
 func demo(ctx context.Context, s stdio, cf *clientFlags, connect func() (*nats.Conn, error)) error {

@@ -50,6 +50,11 @@ func startRegions(ctx context.Context, n int, prefix string, log *slog.Logger) (
 	cfgs := make([]mesh.EmbeddedConfig, n)
 	for i, name := range er.names {
 		cfgs[i] = mesh.EmbeddedConfig{DataDir: filepath.Join(dir, name), ServerName: "limitmesh-" + name, Logger: log}
+		if n > 1 {
+			// A server of a cluster needs a client listener (with none, its
+			// route listener never reports ready): a free port on loopback.
+			cfgs[i].Listen = "127.0.0.1:-1"
+		}
 	}
 	if n > 1 {
 		ports, err := freeTCPPorts(2 * n)

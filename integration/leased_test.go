@@ -697,12 +697,16 @@ func TestLeasedHolderCrash(t *testing.T) {
 		return r.Source == client.SourceLease
 	})
 	t.Logf("gateway 1 spent locally %s after the crash (%d remote decisions before)", time.Since(crashed).Round(time.Millisecond), remote)
-	// Spent: 3 (crashed) + remote + 1, plus the crashed grant's 7 never
-	// refunded, plus the new grant of 10 held now: 100 − 3 − 7 − remote
-	// − 10 remain, less the dry run's 1.
+	// Debited from the key: the crashed gateway's grant (3 spent and 7
+	// never refunded), the node's next grant of 10 (gateway 1's sub-grant
+	// and any remote decision the node answered from it), and each remote
+	// decision the owner made itself: 100 − 10 − 10 − (remote − answered
+	// from the node's grant) remain, less the dry run's 1.
+	fromGrant := int64(metricValue(t, tn, `limitmesh_lease_local_decisions_total{policy="leased",result="allowed"}`))
 	dr := decide(t, tn.nc, "rl.v1.decide", req(d, `"dry_run":true`))
-	if want := int64(100 - 10 - remote - 10 - 1); whole(dr) != want {
-		t.Fatalf("remaining %v, want %d (the crashed grant's 7 units are not refunded)", dr.Remaining, want)
+	if want := int64(100-10-10-1) - (int64(remote) - fromGrant); whole(dr) != want {
+		t.Fatalf("remaining %v, want %d (%d remote decisions, %d of them from the node's grant; the crashed grant's 7 units are not refunded)",
+			dr.Remaining, want, remote, fromGrant)
 	}
 }
 

@@ -755,3 +755,32 @@ func BenchmarkWorkerOverhead(b *testing.B) {
 		h.record(int64(i % 5_000_000))
 	}
 }
+
+// TestBenchLeased: --mode leased with six SDK holders over an embedded
+// two-region supercluster, demand shifting between them: the --json line
+// has CONTRACT §8's bound, utilization and local_fraction, the limit binds
+// (denials), most decisions are the holders' own, and the measured
+// overshoot is within the bound (bench itself fails beyond it).
+func TestBenchLeased(t *testing.T) {
+	if testing.Short() {
+		t.Skip("an embedded supercluster")
+	}
+	code, m, out, errOut := benchJSON(t, "--mode", "leased", "--holders", "6", "--regions", "2", "--shift", "300ms",
+		"--duration", "1s", "--echo-duration", "300ms")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if m["mode"] != "leased" || num(t, m, "holders") != 6 || num(t, m, "regions") != 2 {
+		t.Errorf("flags not reported: %v", m)
+	}
+	bound, util, local := num(t, m, "bound"), num(t, m, "utilization"), num(t, m, "local_fraction")
+	if over := num(t, m, "overshoot"); bound <= 0 || over > bound {
+		t.Errorf("overshoot %v, bound %v: want a positive bound and the overshoot within it", over, bound)
+	}
+	if util <= 0 || local <= 0 || local > 1 {
+		t.Errorf("utilization %v, local_fraction %v: want both positive, the fraction at most 1", util, local)
+	}
+	if num(t, m, "denied") == 0 || num(t, m, "admitted") == 0 || num(t, m, "errors") != 0 {
+		t.Errorf("admitted %v, denied %v, errors %v: want both decisions and no errors", m["admitted"], m["denied"], m["errors"])
+	}
+}

@@ -427,6 +427,13 @@ func (s *session) apply(m jetstream.Msg) {
 	} else {
 		s.lagFrom = time.Time{}
 	}
+	if s.p.empty() {
+		// Nothing to evaluate (a candidate added later starts from 0):
+		// the batch is not even decoded, so a node without candidates
+		// spends next to nothing on the stream. Invalid batches are
+		// counted only while there are candidates.
+		return
+	}
 	b, err := usage.DecodeBatch(m.Data())
 	if err != nil {
 		s.e.m.invalid.Inc()

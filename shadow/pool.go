@@ -84,6 +84,10 @@ func (p *pool) paused(fn func()) {
 	fn()
 }
 
+// empty reports whether there are no candidates (the caller's goroutine
+// is the one that sets them).
+func (p *pool) empty() bool { return len(p.owner) == 0 }
+
 // stop ends the workers.
 func (p *pool) stop() {
 	for _, w := range p.workers {

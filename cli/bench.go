@@ -356,23 +356,11 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 		return err
 	}
 	cleanup = append(cleanup, admin.Close)
-	js, err := jetstream.New(admin)
+	js, kv, rev, undo, err := putBenchPolicy(ctx, admin, c, plan)
 	if err != nil {
 		return err
 	}
-	kv, err := js.KeyValue(ctx, c.cf.prefix+"_policies")
-	if err != nil {
-		return fmt.Errorf("open %s_policies: %v (is a node running?)", c.cf.prefix, err)
-	}
-	rev, err := kv.Put(ctx, plan.policyName, plan.policyDoc)
-	if err != nil {
-		return fmt.Errorf("put policy %s: %v", plan.policyName, err)
-	}
-	cleanup = append(cleanup, func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = kv.Delete(dctx, plan.policyName)
-	})
+	cleanup = append(cleanup, undo)
 	sample, err := waitForBenchPolicy(ctx, admin, plan, rev, c.cf.timeout)
 	if err != nil {
 		if c.mode != "strict" {
@@ -1234,4 +1222,23 @@ func formatUnits(micro int64) string {
 		s += strings.TrimRight(fmt.Sprintf(".%06d", f), "0")
 	}
 	return s
+}
+
+// putBenchPolicy puts the run's policy into the policy bucket over admin;
+// undo deletes it again.
+func putBenchPolicy(ctx context.Context, admin *nats.Conn, c *benchConfig, plan *benchPlan) (js jetstream.JetStream, kv jetstream.KeyValue, rev uint64, undo func(), err error) {
+	if js, err = jetstream.New(admin); err != nil {
+		return nil, nil, 0, nil, err
+	}
+	if kv, err = js.KeyValue(ctx, c.cf.prefix+"_policies"); err != nil {
+		return nil, nil, 0, nil, fmt.Errorf("open %s_policies: %v (is a node running?)", c.cf.prefix, err)
+	}
+	if rev, err = kv.Put(ctx, plan.policyName, plan.policyDoc); err != nil {
+		return nil, nil, 0, nil, fmt.Errorf("put policy %s: %v", plan.policyName, err)
+	}
+	return js, kv, rev, func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = kv.Delete(dctx, plan.policyName)
+	}, nil
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/limitmesh/limitmesh/mesh/client"
 	"github.com/limitmesh/limitmesh/policies"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // `limitmesh bench --mode leased` (CONTRACT §8): --holders SDK holders
@@ -94,23 +93,11 @@ func runLeasedBench(ctx context.Context, c *benchConfig, plan *benchPlan, dist *
 		return err
 	}
 	cleanup = append(cleanup, admin.Close)
-	js, err := jetstream.New(admin)
+	_, _, rev, undo, err := putBenchPolicy(ctx, admin, c, plan)
 	if err != nil {
 		return err
 	}
-	kv, err := js.KeyValue(ctx, c.cf.prefix+"_policies")
-	if err != nil {
-		return fmt.Errorf("open %s_policies: %v (is a node running?)", c.cf.prefix, err)
-	}
-	rev, err := kv.Put(ctx, plan.policyName, plan.policyDoc)
-	if err != nil {
-		return fmt.Errorf("put policy %s: %v", plan.policyName, err)
-	}
-	cleanup = append(cleanup, func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = kv.Delete(dctx, plan.policyName)
-	})
+	cleanup = append(cleanup, undo)
 	// Every region's node must decide with the policy: a dry run from a
 	// region's connection reaches a node of that region.
 	var sample []byte

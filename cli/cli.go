@@ -196,3 +196,15 @@ func (m *multiFlag) Set(v string) error {
 	*m = append(*m, v)
 	return nil
 }
+
+// subcommand runs the subcommand of sub that args[0] names with the rest
+// of args, or prints usage (one line each) and returns errUsage.
+func subcommand(ctx context.Context, args []string, s stdio, sub map[string]func(context.Context, []string, stdio) error, usage ...string) error {
+	if len(args) == 0 || sub[args[0]] == nil {
+		for _, l := range usage {
+			fmt.Fprintln(s.err, l)
+		}
+		return errUsage
+	}
+	return sub[args[0]](ctx, args[1:], s)
+}

@@ -27,17 +27,15 @@ func runPolicy(ctx context.Context, args []string, s stdio) error {
 		"rollback": policyRollback,
 		"explain":  policyExplain,
 	}
-	if len(args) == 0 || sub[args[0]] == nil {
-		fmt.Fprintln(s.err, "usage: limitmesh policy put NAME FILE|-")
-		fmt.Fprintln(s.err, "       limitmesh policy get NAME [--revision N]")
-		fmt.Fprintln(s.err, "       limitmesh policy list")
-		fmt.Fprintln(s.err, "       limitmesh policy validate FILE [--name NAME]")
-		fmt.Fprintln(s.err, "       limitmesh policy history NAME")
-		fmt.Fprintln(s.err, "       limitmesh policy rollback NAME")
-		fmt.Fprintln(s.err, "       limitmesh policy explain NAME [--nodes N] [--file FILE]")
-		return errUsage
-	}
-	return sub[args[0]](ctx, args[1:], s)
+	return subcommand(ctx, args, s, sub,
+		"usage: limitmesh policy put NAME FILE|-",
+		"       limitmesh policy get NAME [--revision N]",
+		"       limitmesh policy list",
+		"       limitmesh policy validate FILE [--name NAME]",
+		"       limitmesh policy history NAME",
+		"       limitmesh policy rollback NAME",
+		"       limitmesh policy explain NAME [--nodes N] [--file FILE]",
+	)
 }
 
 // policyBucket opens the policy bucket of a running installation.

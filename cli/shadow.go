@@ -26,13 +26,11 @@ func runShadow(ctx context.Context, args []string, s stdio) error {
 		"promote":  shadowPromote,
 		"backtest": shadowBacktest,
 	}
-	if len(args) == 0 || sub[args[0]] == nil {
-		fmt.Fprintln(s.err, "usage: limitmesh shadow report [NAME] [--json]")
-		fmt.Fprintln(s.err, "       limitmesh shadow promote NAME [--revision N]")
-		fmt.Fprintln(s.err, "       limitmesh shadow backtest FILE [--name NAME] [--since 24h] [--json]")
-		return errUsage
-	}
-	return sub[args[0]](ctx, args[1:], s)
+	return subcommand(ctx, args, s, sub,
+		"usage: limitmesh shadow report [NAME] [--json]",
+		"       limitmesh shadow promote NAME [--revision N]",
+		"       limitmesh shadow backtest FILE [--name NAME] [--since 24h] [--json]",
+	)
 }
 
 // shadowArgs moves flags after positional arguments to the front, like

@@ -23,12 +23,10 @@ func runUsage(ctx context.Context, args []string, s stdio) error {
 		"report": usageReport,
 		"tail":   usageTail,
 	}
-	if len(args) == 0 || sub[args[0]] == nil {
-		fmt.Fprintln(s.err, "usage: limitmesh usage report [--policy P] [--key K] [--period 2026-12|2026-12-03] [--json]")
-		fmt.Fprintln(s.err, "       limitmesh usage tail [--policy P] [--json] [--count N]")
-		return errUsage
-	}
-	return sub[args[0]](ctx, args[1:], s)
+	return subcommand(ctx, args, s, sub,
+		"usage: limitmesh usage report [--policy P] [--key K] [--period 2026-12|2026-12-03] [--json]",
+		"       limitmesh usage tail [--policy P] [--json] [--count N]",
+	)
 }
 
 // usageReport prints the ledger's totals (CONTRACT.md §6).

@@ -318,3 +318,76 @@ func TestUnknownOutcomeKeepsTheMessage(t *testing.T) {
 		})
 	}
 }
+
+// stalledSink blocks the first Add until release is closed, and records,
+// for each Sync, how many usage records were added before it.
+type stalledSink struct {
+	entered, release chan struct{}
+	once             sync.Once
+	mu               sync.Mutex
+	added            int
+	syncs            []int
+}
+
+func (u *stalledSink) Add(node, boot string, seq uint64, idx uint32, key string, record []byte, us *keyrec.Usage) {
+	u.once.Do(func() {
+		close(u.entered)
+		<-u.release
+	})
+	u.mu.Lock()
+	u.added++
+	u.mu.Unlock()
+}
+
+func (u *stalledSink) Sync(done func(error)) {
+	u.mu.Lock()
+	u.syncs = append(u.syncs, u.added)
+	u.mu.Unlock()
+	done(nil)
+}
+
+// TestMarkWaitsForCommittedUsage (J3 with usage): while the goroutine that
+// commits an appended batch is held up before it queues the batch's usage,
+// a checkpoint must not move the mark onto the batch. The writer's last
+// sequence used to reach the batch first: a checkpoint then wrote its
+// record, synced the usage queued so far (not the batch's) and recorded a
+// mark that covered it; a node killed before its publisher caught up lost
+// those admissions from the ledger, since readers of its journal start
+// after the mark.
+func TestMarkWaitsForCommittedUsage(t *testing.T) {
+	const p = 4
+	key := keyIn(p, "")
+	j, _, _ := testJournal(t)
+	sink := &stalledSink{entered: make(chan struct{}), release: make(chan struct{})}
+	j.cfg.Usage = sink
+	j.recs.owned[p] = true
+	written := make(chan error, 1)
+	j.w.enqueue(&write{key: key, val: versioned("x", 1), usage: []keyrec.Usage{{Cost: 1}}, part: p, gen: j.recs.genOf(p),
+		deadline: time.Now().Add(time.Minute), done: func(_ uint64, err error) { written <- err }})
+	select {
+	case <-sink.entered:
+	case err := <-written:
+		t.Fatalf("the write was answered (%v) before its usage was queued", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the batch's usage was never queued")
+	}
+	if err := wait(t, func(done func(error)) { j.ck.run(-1, nil, done) }); err != nil {
+		t.Logf("checkpoint: %v", err)
+	}
+	mark := j.ck.ownMark()
+	close(sink.release)
+	if err := <-written; err != nil {
+		t.Fatalf("the write failed: %v", err)
+	}
+	last := j.w.lastSeq()
+	if mark >= last {
+		t.Fatalf("the mark reached %d, the batch's sequence, while its usage was not queued (syncs saw %v records)", mark, sink.syncs)
+	}
+	// Once committed, a checkpoint covers it.
+	if err := wait(t, func(done func(error)) { j.ck.run(-1, nil, done) }); err != nil {
+		t.Fatal(err)
+	}
+	if m := j.ck.ownMark(); m != last {
+		t.Fatalf("mark %d after the commit, want %d", m, last)
+	}
+}

@@ -294,10 +294,14 @@ func (f *flight) build(w *writer) {
 // deadline, and their records landed with it). The answers run before the
 // next batch is taken: the writes they start (the calls that queued on
 // these keys) join that batch.
+//
+// The records are marked dirty and their usage queued before the writer's
+// last sequence reaches seq: the checkpointer bounds the mark by that
+// sequence and by the dirty records, and syncs the usage queued before it
+// reads them, so no mark covers seq before both are in view (else the
+// mark could pass records never checkpointed, or usage that its node, if
+// it died then, never published and no reader would read again).
 func (w *writer) committed(batch []*write, seq uint64) {
-	w.mu.Lock()
-	w.last = max(w.last, seq)
-	w.mu.Unlock()
 	n := w.j.recs.commit(batch, seq, w.j.now().UnixNano())
 	w.j.appends.Add(1)
 	w.j.committedRecords.Add(n)
@@ -312,6 +316,9 @@ func (w *writer) committed(batch []*write, seq uint64) {
 			}
 		}
 	}
+	w.mu.Lock()
+	w.last = max(w.last, seq)
+	w.mu.Unlock()
 	for _, x := range batch {
 		if !x.failed {
 			x.done(tagRev(seq|journalRevBit, x.gen), nil)
@@ -360,9 +367,11 @@ func (w *writer) resync(f *flight, n int, last uint64, deadline time.Time, err e
 			// end < last when the subject's messages expired (the
 			// stream's age limit, after a long idle time): expect what is
 			// there now.
-			w.mu.Lock()
-			w.last = end
-			w.mu.Unlock()
+			setLast := func() {
+				w.mu.Lock()
+				w.last = end
+				w.mu.Unlock()
+			}
 			for _, p := range slices.Sorted(maps.Keys(lost)) {
 				by := lost[p]
 				w.j.log.Warn("partition fenced by its new owner", "partition", p, "owner", by)
@@ -371,10 +380,14 @@ func (w *writer) resync(f *flight, n int, last uint64, deadline time.Time, err e
 				}
 			}
 			if landed != 0 {
+				// The last sequence moves past f only once f is
+				// committed (see committed).
 				w.committed(f.writes, landed)
+				setLast()
 				w.idle()
 				return
 			}
+			setLast()
 			if end > last {
 				// The position f expected holds another message: f did
 				// not land and never will.

@@ -203,9 +203,20 @@ func TestFaultKillOwner(t *testing.T) {
 	if !slices.Equal(l.stats().partitions, []int{part}) {
 		t.Errorf("the load's decisions carry partitions %v, want only %d", l.stats().partitions, part)
 	}
-	// The new owner decides the key now (its own counter moved).
-	if d := hotDecided(t, procs[newOwner]); d == 0 {
-		t.Errorf("%s owns partition %d but decided none of the key", procs[newOwner].name, part)
+	// The survivors decide the key now (their counters were 0 before the
+	// kill). On a busy machine the partition may move once more between
+	// the two (the first claim's lease lapses under load before it is
+	// renewed), so the first new owner alone may have decided none of it.
+	var survivorsDecided float64
+	for i, p := range procs {
+		if i != owner {
+			d := hotDecided(t, p)
+			survivorsDecided += d
+			t.Logf("%s decided %v of the key after the kill", p.name, d)
+		}
+	}
+	if survivorsDecided == 0 {
+		t.Errorf("no survivor decided the key after the kill (the load saw %d decisions)", after.ok())
 	}
 	total := l.stats()
 	checkAccounting(t, survivor, acct, total.admitted, total.failed())

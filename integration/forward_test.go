@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -122,4 +124,82 @@ func forwardLostReply(t *testing.T, attempt int) bool {
 		t.Fatalf("DOUBLE SPEND: one request of cost 10 spent %d units (reply %+v)", spent, r)
 	}
 	return spent == 10 && r.Code != ""
+}
+
+// TestForwardHandOverDecidedOnce: while a partition changes hands, two
+// nodes are subscribed to its subject for a moment, the old owner
+// answering "not owner". The test holds that moment open: a subscriber of
+// its own answers "not owner" at once on the owner's shard subject, as
+// the old owner would. Each forwarded request must still be decided once:
+// with plain subscriptions both got every request, the "not owner" answer
+// came first, the forwarder sent the request again, and the owner decided
+// it twice (an admission no client saw, spent and billed).
+func TestForwardHandOverDecidedOnce(t *testing.T) {
+	e := server(t, t.TempDir())
+	owner := startNode(t, e, mesh.NodeConfig{NodeID: "owner", LeaseTime: time.Hour})
+	fwd := startNode(t, e, mesh.NodeConfig{NodeID: "fwd", LeaseTime: time.Hour})
+	rev := putPolicy(t, owner.nc, "rl_policies", "slow", slowPolicy)
+	nodes := []*testNode{owner, fwd}
+	waitApplied(t, "slow", rev, nodes...)
+	waitExclusive(t, nodes)
+	tenant := tenantOwnedBy(t, nodes, 0)
+	desc := map[string]string{"tenant": tenant}
+	p := owner.node.PartitionOf(slowKey(tenant))
+	q := -1 // a partition the forwarder serves
+	for i := range fwd.node.Partitions() {
+		if fwd.node.Owns(i) {
+			q = i
+			break
+		}
+	}
+	if q < 0 {
+		t.Fatal("the forwarder serves no partition")
+	}
+
+	client := connect(t, e)
+	var stale atomic.Int64
+	sub, err := client.QueueSubscribe(owner.node.ShardSubject(p), mesh.PartitionQueue, func(m *nats.Msg) {
+		stale.Add(1)
+		resp := nats.NewMsg(m.Reply)
+		resp.Header.Set(mesh.NotOwnerHeader, strconv.Itoa(p))
+		resp.Header.Set("Nats-Service-Error-Code", "503")
+		resp.Header.Set("Nats-Service-Error", "not the owner")
+		_ = m.RespondMsg(resp)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := client.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30
+	admitted := 0
+	for i := range n {
+		m, err := client.Request(fwd.node.ShardSubject(q), []byte(req(desc, "")), testTimeout)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		r, err := decodeReply(m)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if !r.Allowed {
+			t.Fatalf("request %d: %+v, want an admission (burst 40)", i, r)
+		}
+		admitted++
+	}
+	after := decide(t, owner.nc, "rl.v1.decide", req(desc, `"dry_run":true`))
+	credit := after.Remaining
+	if after.Allowed {
+		credit++
+	}
+	spent := 40 - int(math.Floor(credit))
+	t.Logf("%d admitted, %d spent; the stale subscriber answered %d forwarded requests", admitted, spent, stale.Load())
+	if stale.Load() == 0 {
+		t.Fatal("the stale subscriber got no request: the test shows nothing")
+	}
+	if spent != admitted {
+		t.Fatalf("DOUBLE SPEND: %d admissions spent %d units", admitted, spent)
+	}
 }

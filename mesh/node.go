@@ -157,6 +157,11 @@ const (
 	NotOwnerHeader = service.NotOwnerHeader
 )
 
+// PartitionQueue is the queue group of the nodes' subscriptions to a
+// partition's subjects (decide and lease): a request sent there reaches
+// one node even while two serve the hand-over of the partition.
+const PartitionQueue = "limitmesh-partition"
+
 var prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 
 // Node is one limitmesh node. Start it once; Stop drains it. Its methods

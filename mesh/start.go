@@ -354,10 +354,20 @@ func (n *Node) onServe(p int, held bool) {
 	}
 }
 
-// subscribe subscribes a partition subject with no pending limits; nil
-// (logged) when it fails.
+// subscribe subscribes a partition subject, in the queue group
+// PartitionQueue, with no pending limits; nil (logged) when it fails.
+//
+// A queue group, because two nodes are subscribed to a partition's
+// subjects for a moment whenever it changes hands (the new owner
+// subscribes when it starts serving, the old one unsubscribes when it
+// stops). With plain subscriptions both received every forwarded request
+// of that moment: the one that no longer served answered "not owner",
+// the forwarder, seeing that answer first, sent the request again, and
+// the owner decided it twice (the first reply was dropped: an admission
+// no client saw, spent and billed). In the group each request reaches
+// one node, and "not owner" means that node decided nothing.
 func (n *Node) subscribe(subject string, h nats.MsgHandler) *nats.Subscription {
-	sub, err := n.nc.Subscribe(subject, h)
+	sub, err := n.nc.QueueSubscribe(subject, PartitionQueue, h)
 	if err != nil {
 		n.log.Warn("subscribing to a partition subject", "subject", subject, "error", err.Error())
 		return nil

@@ -113,6 +113,26 @@ func (r *records) prepare(key string, p int) (gen uint64, known, owned bool) {
 	return r.gen[p], e != nil && !e.orphan, true
 }
 
+// superseded reports whether a write of key expecting revision expect
+// (tagged, not 0) would replace a record the writer did not see: a later
+// batch than the one expect names holds key (a write whose outcome was
+// unknown to its owner, and that landed after the owner read the key
+// again), or, for a bucket revision, the key has a journalled record not
+// checkpointed yet (the owner read the bucket before it was journalled).
+// An entry this node does not hold cannot tell: false (invariant J14).
+func (r *records) superseded(key string, expect uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.entries[key]
+	if e == nil || e.orphan {
+		return false
+	}
+	if expect&journalRevBit != 0 {
+		return e.jseq > expect&revSeqMask
+	}
+	return e.firstDirty != 0
+}
+
 // genOf returns partition p's generation.
 func (r *records) genOf(p int) uint64 {
 	r.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/nats-io/nats.go/jetstream"
@@ -390,4 +391,67 @@ func TestMarkWaitsForCommittedUsage(t *testing.T) {
 	if m := j.ck.ownMark(); m != last {
 		t.Fatalf("mark %d after the commit, want %d", m, last)
 	}
+}
+
+// TestWriteOverAnUnseenCommitConflicts (J14): a write expecting a record
+// that a later commit of the key replaced (an earlier write whose outcome
+// its owner did not learn, landed after the owner read the key again) is
+// a conflict, not written; a write expecting the latest record is written.
+// So is a write expecting the bucket's revision while the key has a
+// journalled record not checkpointed yet.
+func TestWriteOverAnUnseenCommitConflicts(t *testing.T) {
+	const p = 5
+	key := keyIn(p, "")
+	j, _, _ := testJournal(t)
+	j.recs.owned[p] = true
+	update := func(v, rev uint64) (uint64, error) {
+		var got uint64
+		err := wait(t, func(done func(error)) {
+			j.UpdateAsync(key, versioned("x", v), nil, rev, 10*time.Second, func(r uint64, err error) { got = r; done(err) })
+		})
+		return got, err
+	}
+	// A bucket revision while nothing is journalled: written.
+	gen := j.recs.genOf(p)
+	first, err := update(1, tagRev(7, gen))
+	if err != nil {
+		t.Fatalf("the first write: %v", err)
+	}
+	// The owner's write of version 2 lands, but the owner never learns
+	// it (its outcome was unknown; modelled by dropping the revision).
+	if _, err := update(2, first); err != nil {
+		t.Fatalf("the landed write: %v", err)
+	}
+	// Having read the key again before that landing, the owner writes
+	// over version 1: refused.
+	if _, err := update(3, first); !errors.Is(err, kvstate.ErrConflict) {
+		t.Fatalf("a write over a replaced record: %v, want a conflict", err)
+	}
+	// A bucket revision now (the journalled record not checkpointed):
+	// refused too.
+	if _, err := update(3, tagRev(7, gen)); !errors.Is(err, kvstate.ErrConflict) {
+		t.Fatalf("a write over the bucket's record while the journal holds a later one: %v, want a conflict", err)
+	}
+	// Read again: the latest record and its revision; writing over it works.
+	val, rev := lookupRev(t, j, key)
+	if v, _ := keyrec.PeekVersion(val); v != 2 {
+		t.Fatalf("read version %d, want 2", v)
+	}
+	if _, err := update(3, rev); err != nil {
+		t.Fatalf("a write over the latest record: %v", err)
+	}
+}
+
+// lookupRev reads key through the journal's store interface.
+func lookupRev(t *testing.T, j *Journal, key string) ([]byte, uint64) {
+	t.Helper()
+	var val []byte
+	var rev uint64
+	err := wait(t, func(done func(error)) {
+		j.GetAsync(key, 10*time.Second, func(v []byte, r uint64, err error) { val, rev = v, r; done(err) })
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return val, rev
 }

@@ -55,6 +55,7 @@ func (j *Journal) UpdateAsync(key string, value []byte, usage []keyrec.Usage, re
 		if rev&journalRevBit == 0 {
 			w.kvRev, w.kvKnown = rev&revSeqMask, true
 		}
+		w.expect = rev
 		j.w.enqueue(w)
 	}
 }

@@ -39,15 +39,18 @@ import (
 // marker appended on its own, or (barrier) an empty batch appended on its
 // own, whose sequence bounds everything this node appended before it.
 type write struct {
-	fence    *fence
-	barrier  bool
-	key      string
-	val      []byte
-	usage    []keyrec.Usage // the admissions the record spends (their usage records)
-	part     int
-	gen      uint64 // the partition's generation when the write came
-	kvRev    uint64
-	kvKnown  bool
+	fence   *fence
+	barrier bool
+	key     string
+	val     []byte
+	usage   []keyrec.Usage // the admissions the record spends (their usage records)
+	part    int
+	gen     uint64 // the partition's generation when the write came
+	kvRev   uint64
+	kvKnown bool
+	// expect is the (tagged) revision the write expects, 0 for a create
+	// (checked against the bucket, checks.go), a fence or a barrier.
+	expect   uint64
 	deadline time.Time
 	done     func(rev uint64, err error)
 	failed   bool // answered with an error (the writer's)
@@ -156,7 +159,10 @@ func (w *writer) take() (batch, expired, stale []*write) {
 			expired = append(expired, x)
 			continue
 		}
-		if x.gen != w.j.recs.genOf(x.part) {
+		if x.gen != w.j.recs.genOf(x.part) || x.expect != 0 && w.j.recs.superseded(x.key, x.expect) {
+			// Of an older generation of its partition, or expecting a
+			// record that a later commit of the key replaced (J14): a
+			// conflict.
 			stale = append(stale, x)
 			continue
 		}

@@ -2,6 +2,7 @@ package keys
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/limitmesh/limitmesh/kvstate"
@@ -365,4 +366,60 @@ func TestAsyncBlindStartNotTaken(t *testing.T) {
 		t.Fatalf("lost blind strict write: conflicts %d lost %d", c.conflicts, o.lost)
 	}
 	mustKind(t, o.next(now), actLoad)
+}
+
+// TestAsyncUnknownOutcomeUsageOnce: an async write-behind whose outcome is
+// unknown is retried carrying its usage; when the retry loses its
+// compare-and-swap the first write may have landed, and with a store that
+// journals usage (the state journal publishes a landed write's usage) that
+// usage is not published again as lost: only the admissions decided after
+// the first write are. With a store that does not (the usage of a write is
+// published when it is answered as written), both are.
+func TestAsyncUnknownOutcomeUsageOnce(t *testing.T) {
+	for _, kept := range []bool{true, false} {
+		p := tbPolicy(t, "p", 1, "10/s", 40, `,"mode":"async"`)
+		o := newOwner(newFakeEnv(p), 8, 0)
+		o.usageKept = kept
+		now := int64(1000 * sec)
+		call := func(tenant string) *Call {
+			c := newCall(p, 1, now+sec)
+			c.Desc = policies.Descriptor{{Name: "tenant", Value: tenant}}
+			return c
+		}
+		o.submit(call("first"))
+		mustKind(t, o.next(now), actLoad)
+		o.loadedResult(nil, 0, kvstate.ErrNotFound)
+		o.next(now)
+		o.requestFlush()
+		a := o.next(now)
+		mustKind(t, a, actWrite)
+		if len(a.usage) != 1 {
+			t.Fatalf("first write carries %d usage records, want 1", len(a.usage))
+		}
+		o.written(0, errors.New("timeout")) // it may have landed
+		if ok, _ := o.decideInline(call("second"), now); !ok {
+			t.Fatal("second call not decided inline")
+		}
+		o.requestFlush()
+		a = o.next(now)
+		mustKind(t, a, actWrite)
+		if len(a.usage) != 2 {
+			t.Fatalf("the retry carries %d usage records, want 2 (the first write's again)", len(a.usage))
+		}
+		if !o.written(0, kvstate.ErrConflict) {
+			t.Fatal("conflict not reported")
+		}
+		lost, _ := o.takeLostUsage()
+		var got []string
+		for _, u := range lost {
+			got = append(got, u.Desc[0].Value)
+		}
+		want := "[second]"
+		if !kept {
+			want = "[first second]"
+		}
+		if fmt.Sprint(got) != want {
+			t.Fatalf("usageKept=%v: lost usage %v, want %s", kept, got, want)
+		}
+	}
 }

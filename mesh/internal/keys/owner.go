@@ -228,6 +228,17 @@ type owner struct {
 	inflightAsync []bool
 	lostUsage     []keyrec.Usage
 	usagePolicy   string
+	// Uncertain usage. With a store that journals usage with the record
+	// (usageKept: the state journal), the usage of a write whose outcome
+	// was unknown is published by the store if that write lands. The
+	// retry carries it again (it is published with the retry if the retry
+	// lands, which it cannot if the first write did), but a lost retry
+	// does not count it lost: the first write may have landed with it.
+	// uncertain is how many leading entries of usage (inflightUncertain:
+	// of inflightUsage) are such.
+	usageKept         bool
+	uncertain         int
+	inflightUncertain int
 
 	// limits is DecideAll's input, the limits of policy version
 	// limitsOf (parsed policies are never modified); spare is reused
@@ -493,16 +504,17 @@ func (o *owner) writeBehind(now int64) action {
 func (o *owner) encode() ([]byte, []keyrec.Usage) {
 	o.rec.Version++
 	o.rec.RestAt = recordRestAt(o.policyOf(&o.rec), &o.rec)
-	o.inflightUsage, o.inflightAsync = o.usage, o.usageAsync
-	o.usage, o.usageAsync = nil, nil
+	o.inflightUsage, o.inflightAsync, o.inflightUncertain = o.usage, o.usageAsync, o.uncertain
+	o.usage, o.usageAsync, o.uncertain = nil, nil, 0
 	return keyrec.Append(make([]byte, 0, keyrec.SizeHint(&o.rec)), &o.rec), o.inflightUsage
 }
 
 // loseUsage keeps the async admissions of us (async[i]: whether us[i] is
 // one) for the driver to publish directly; strict ones are decided again
-// (or failed) and dropped.
-func (o *owner) loseUsage(us []keyrec.Usage, async []bool) {
-	for i := range us {
+// (or failed) and dropped. The first uncertain ones are skipped (a write
+// whose outcome was unknown may have landed with them).
+func (o *owner) loseUsage(us []keyrec.Usage, async []bool, uncertain int) {
+	for i := uncertain; i < len(us); i++ {
 		if async[i] {
 			o.lostUsage = append(o.lostUsage, us[i])
 		}

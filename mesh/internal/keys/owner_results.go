@@ -53,8 +53,8 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 	o.inflight = nil
 	wasAsync, wasBlind := o.asyncWrite, o.blindWrite
 	o.asyncWrite, o.blindWrite = false, false
-	usage, usageAsync := o.inflightUsage, o.inflightAsync
-	o.inflightUsage, o.inflightAsync = nil, nil
+	usage, usageAsync, uncertain := o.inflightUsage, o.inflightAsync, o.inflightUncertain
+	o.inflightUsage, o.inflightAsync, o.inflightUncertain = nil, nil, 0
 	switch {
 	case err == nil:
 		o.rev, o.stored, o.unread = rev, true, false
@@ -68,7 +68,7 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 		// Another writer got there first: what this node decided and did
 		// not write is lost (async: the documented overshoot); the
 		// strict calls of the batch are decided again after a reload.
-		o.loseUsage(usage, usageAsync)
+		o.loseUsage(usage, usageAsync, uncertain)
 		o.dropCache()
 		retry := batch[:0:0]
 		for _, c := range batch {
@@ -88,7 +88,7 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 		// This node no longer holds the key's partition: nothing was
 		// written; the calls go to the new owner, and what async changes
 		// were not written are lost (within the async bound).
-		o.loseUsage(usage, usageAsync)
+		o.loseUsage(usage, usageAsync, uncertain)
 		o.dropCache()
 		for _, c := range batch {
 			o.finish(c, err)
@@ -100,9 +100,14 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 		// land, the retry loses the CAS and reloads a record with it); the
 		// retry carries the usage again (journalled twice, it has one id
 		// per journal message: a write that landed and its retry that
-		// lost cannot both be journalled).
+		// lost cannot both be journalled). With a store that journals
+		// usage, that usage is uncertain: if the retry loses, the first
+		// write may have landed with it, and it is not published again.
 		o.usage = append(usage, o.usage...)
 		o.usageAsync = append(usageAsync, o.usageAsync...)
+		if o.usageKept {
+			o.uncertain = len(usage)
+		}
 		return false
 	default:
 		// The outcome is unknown (the write may have landed): reload
@@ -122,8 +127,8 @@ func (o *owner) dropCache() {
 	if o.dirty {
 		o.lost++
 	}
-	o.loseUsage(o.usage, o.usageAsync)
-	o.usage, o.usageAsync = nil, nil
+	o.loseUsage(o.usage, o.usageAsync, o.uncertain)
+	o.usage, o.usageAsync, o.uncertain = nil, nil, 0
 	o.loaded, o.dirty, o.flushReq, o.unread = false, false, false, false
 	o.rec = keyrec.Record{}
 }

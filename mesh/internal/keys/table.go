@@ -79,6 +79,11 @@ type Config struct {
 	// LostUsage publishes the usage of async admissions whose changes a
 	// lost write dropped (they were answered); nil: dropped.
 	LostUsage func(policy, key string, us []keyrec.Usage)
+	// UsageKept says that Store journals the usage with the record and
+	// publishes it if a write whose outcome it reported unknown lands
+	// later (the state journal): a retry that loses then does not make
+	// that usage lost (it would be counted twice).
+	UsageKept bool
 	Log       *slog.Logger
 	Metrics   *Metrics // nil: none registered
 }
@@ -173,7 +178,9 @@ func (t *Table) Len() int {
 }
 
 func (t *Table) newOwner() *owner {
-	return newOwner(t.cfg.Env, t.cfg.MaxConflicts, int64(t.cfg.TTL))
+	o := newOwner(t.cfg.Env, t.cfg.MaxConflicts, int64(t.cfg.TTL))
+	o.usageKept = t.cfg.UsageKept
+	return o
 }
 
 // blindVote moves the blind-create score by d within its bounds.

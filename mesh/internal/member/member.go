@@ -72,6 +72,7 @@ func New(cfg Config) *Member {
 	kc.Store = cfg.Store
 	if cfg.Journal != nil {
 		kc.Store = cfg.Journal
+		kc.UsageKept = true // the journal publishes a landed write's usage
 	}
 	kc.Fencer = m
 	kc.Partition = func(key string) int { return ownership.PartitionOf(key, parts) }

@@ -616,7 +616,10 @@ func rawRequest(t *testing.T, url, creds, hdr string) []string {
 // BenchmarkSecuredDecide compares a tenant's decisions through the decide
 // service's import (secured; "share": the import shares the caller's whole
 // identity, user JWT included, in Nats-Request-Info) with the same load on
-// an unsecured server: 64 requests in flight over 64 keys, one node.
+// an unsecured server: 64 requests in flight over 64 keys, one node. Two
+// raw NATS echoes answer the same requests, unsecured and through the same
+// import, so the paired run also gives what the import costs NATS alone
+// (echo-secured/echo) next to what it costs a decision (secured/unsecured).
 func BenchmarkSecuredDecide(b *testing.B) {
 	keys := make([][]byte, 64)
 	for i := range keys {
@@ -662,10 +665,49 @@ func BenchmarkSecuredDecide(b *testing.B) {
 		return nc
 	}
 	secured, shared := tenant(false), tenant(true)
+	// The same requests answered by a raw NATS echo on rl.v1.decide (a
+	// responder on the node's connection, no node), unsecured and through
+	// the secured import: what the import costs NATS itself.
+	echo := func(nc *nats.Conn) {
+		reply := []byte(`{"allowed":true,"policy":"bench","revision":1,"remaining":999999999,"retry_after_ms":0,"reset_after_ms":1}`)
+		if _, err := nc.QueueSubscribe("rl.v1.decide", "echo", func(m *nats.Msg) { _ = m.Respond(reply) }); err != nil {
+			b.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	echoPlain := func() *nats.Conn {
+		e := server(b, b.TempDir())
+		echo(connect(b, e))
+		return connect(b, e)
+	}
+	echoSecured := func() *nats.Conn {
+		d, err := auth.Init(b.TempDir(), auth.InitOptions{Tenants: []string{"acme"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		e, err := mesh.StartEmbedded(mesh.EmbeddedConfig{Listen: "127.0.0.1:-1", DataDir: b.TempDir(), Configure: d.Configure})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(e.Shutdown)
+		dial := func(creds string) *nats.Conn {
+			nc, err := nats.Connect(e.ClientURL(), nats.UserCredentials(creds))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(nc.Close)
+			return nc
+		}
+		echo(dial(d.NodeCreds()))
+		return dial(d.TenantCreds("acme"))
+	}
 	modes := []struct {
 		name string
 		nc   *nats.Conn
-	}{{"unsecured", unsecured}, {"secured", secured}, {"secured-share", shared}}
+	}{{"unsecured", unsecured}, {"secured", secured}, {"secured-share", shared},
+		{"echo", echoPlain()}, {"echo-secured", echoSecured()}}
 	for _, c := range modes {
 		b.Run(c.name, func(b *testing.B) { runRequests(b, c.nc, "rl.v1.decide", body, 64) })
 	}
@@ -686,9 +728,12 @@ func BenchmarkSecuredDecide(b *testing.B) {
 				done[i] += drive(b, modes[i].nc, body, 64, slice)
 			}
 		}
-		for i, c := range modes[1:] {
+		for i, c := range modes[1:3] {
 			b.ReportMetric(float64(done[i+1])/float64(done[0]), c.name+"/unsecured")
 		}
+		b.ReportMetric(float64(done[4])/float64(done[3]), "echo-secured/echo")
+		b.ReportMetric(float64(done[0])/float64(done[3]), "unsecured/echo")
+		b.ReportMetric(float64(done[1])/float64(done[4]), "secured/echo-secured")
 	})
 }
 

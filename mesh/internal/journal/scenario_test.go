@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
+	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -213,6 +215,7 @@ type lostAck struct {
 	appends    int
 	lasts      int
 	before     uint64
+	onLost     func() // called before the lost acknowledgement is reported
 }
 
 func (s *lostAck) Append(subj string, data []byte, last uint64, ttl, timeout time.Duration, done func(uint64, error)) {
@@ -230,6 +233,9 @@ func (s *lostAck) Append(subj string, data []byte, last uint64, ttl, timeout tim
 			if _, err := s.js.Publish(context.Background(), subj, appendFence(nil, *s.fenceAfter)); err != nil {
 				s.t.Errorf("the fence: %v", err)
 			}
+		}
+		if s.onLost != nil {
+			s.onLost()
 		}
 		done(0, errors.New("timeout: the acknowledgement was lost"))
 	})
@@ -454,4 +460,81 @@ func lookupRev(t *testing.T, j *Journal, key string) ([]byte, uint64) {
 		t.Fatal(err)
 	}
 	return val, rev
+}
+
+// shiftedClock is the real runtime with a clock moved forward by off.
+type shiftedClock struct{ off atomic.Int64 }
+
+func (c *shiftedClock) Now() time.Time { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *shiftedClock) AfterFunc(d time.Duration, f func()) func() bool {
+	return rt.Real.AfterFunc(d, f)
+}
+func (c *shiftedClock) Go(f func()) { go f() }
+
+// TestAbandonedFlightThatLandsIsCommitted (J15): a batch whose append
+// outcome is unknown and whose writes all pass their deadline before it is
+// resolved is abandoned (nobody waits on it), but it may still land, and
+// here it did. The next batch's append then fails (the position it expects
+// is taken) and its resync must commit the abandoned batch: its usage is
+// published (with the ids a reader of the journal computes) before the
+// next batch's, and its record is the key's latest. The resync used to
+// skip it: its usage reached the stream only if another node read the
+// journal later, after the ledger's watermark had passed it (the record
+// was in the stream and never counted), and its record was not in view
+// (the mark could pass it).
+func TestAbandonedFlightThatLandsIsCommitted(t *testing.T) {
+	const p = 4
+	key := keyIn(p, "")
+	j, _, js := testJournal(t)
+	clk := &shiftedClock{}
+	j.rt = clk
+	s := &lostAck{Stream: j.cfg.Stream, t: t, js: js, onLost: func() { clk.off.Store(int64(time.Hour)) }}
+	j.cfg.Stream = s
+	sink := &usageIDs{}
+	j.cfg.Usage = sink
+	j.recs.owned[p] = true
+	u := []keyrec.Usage{{Cost: 1}}
+	err := wait(t, func(done func(error)) {
+		j.w.enqueue(&write{key: key, val: versioned("x", 1), usage: u, part: p, gen: j.recs.genOf(p),
+			deadline: clk.Now().Add(time.Minute), done: func(_ uint64, err error) { done(err) }})
+	})
+	if err == nil {
+		t.Fatal("the first write succeeded: want it failed by its deadline (its outcome unknown)")
+	}
+	err = wait(t, func(done func(error)) {
+		j.w.enqueue(&write{key: key, val: versioned("x", 2), usage: u, part: p, gen: j.recs.genOf(p),
+			deadline: clk.Now().Add(time.Minute), done: func(_ uint64, err error) { done(err) }})
+	})
+	if err != nil {
+		t.Fatalf("the second write: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	str, err := js.Stream(ctx, StreamName("rl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	info, err := str.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := str.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		if d, err := decode(m.Data); err == nil && d.fence == nil && len(d.items) > 0 {
+			want = append(want, fmt.Sprintf("me.%d.0", seq))
+		}
+	}
+	if len(want) != 2 {
+		t.Fatalf("%d batches in the journal (%v), want 2", len(want), want)
+	}
+	sink.mu.Lock()
+	got := fmt.Sprint(sink.ids)
+	sink.mu.Unlock()
+	if got != fmt.Sprint(want) {
+		t.Fatalf("usage ids %s, want %v (both batches, in order)", got, want)
+	}
 }

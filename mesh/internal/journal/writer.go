@@ -69,6 +69,13 @@ type writer struct {
 	// keep is the instant (Unix ns) until which the messages appended so
 	// far must be kept (see Retention above); it never decreases.
 	keep int64
+	// abandoned holds frozen flights that no write waits on any more
+	// (each failed its deadline) and that may still land, at the position
+	// after the sequence they expected: the resync that finds one there
+	// commits it (its records and usage), before anything after it
+	// (invariant J15). A flight is dropped once its position holds a
+	// message.
+	abandoned []*flight
 }
 
 // enqueue adds writes to the next batch.
@@ -203,6 +210,7 @@ type flight struct {
 	data   []byte
 	nonce  uint64
 	frozen bool
+	expect uint64 // the subject's last sequence its latest append expected
 }
 
 // attempt appends f (the n'th attempt; lastErr is why the previous one
@@ -231,7 +239,12 @@ func (w *writer) attempt(f *flight, n int, lastErr error) {
 	if live == 0 {
 		// Nothing waits for the batch. If it was frozen it may still
 		// land: the next batch's append, expecting the same sequence,
-		// then fails and its resync sees it.
+		// then fails, and its resync finds it and commits it (J15).
+		if f.frozen && f.nonce != 0 {
+			w.mu.Lock()
+			w.abandoned = append(w.abandoned, f)
+			w.mu.Unlock()
+		}
 		w.idle()
 		return
 	}
@@ -241,6 +254,7 @@ func (w *writer) attempt(f *flight, n int, lastErr error) {
 	}
 	w.mu.Lock()
 	last := w.last
+	f.expect = last
 	ret, at := w.j.cfg.Retention, now.UnixNano()
 	w.keep = max(w.keep, ret.KeepUntil(0, at))
 	for _, x := range f.writes {
@@ -324,6 +338,7 @@ func (w *writer) committed(batch []*write, seq uint64) {
 	}
 	w.mu.Lock()
 	w.last = max(w.last, seq)
+	w.settleAbandoned(seq)
 	w.mu.Unlock()
 	for _, x := range batch {
 		if !x.failed {
@@ -348,6 +363,7 @@ func (w *writer) resync(f *flight, n int, last uint64, deadline time.Time, err e
 			return
 		}
 		var landed uint64
+		var found []foundFlight // abandoned flights that landed (J15)
 		lost := map[int]string{}
 		scan := func(seq uint64, data []byte) error {
 			m, derr := decode(data)
@@ -362,6 +378,10 @@ func (w *writer) resync(f *flight, n int, last uint64, deadline time.Time, err e
 				}
 			case nonce != 0 && m.nonce == nonce:
 				landed = seq
+			case m.nonce != 0:
+				if af := w.abandonedAt(m.nonce, seq); af != nil {
+					found = append(found, foundFlight{af, seq})
+				}
 			}
 			return nil
 		}
@@ -373,9 +393,15 @@ func (w *writer) resync(f *flight, n int, last uint64, deadline time.Time, err e
 			// end < last when the subject's messages expired (the
 			// stream's age limit, after a long idle time): expect what is
 			// there now.
+			// Abandoned flights that landed, in order, before anything
+			// after them (J15).
+			for _, ff := range found {
+				w.committed(ff.f.writes, ff.seq)
+			}
 			setLast := func() {
 				w.mu.Lock()
 				w.last = end
+				w.settleAbandoned(end)
 				w.mu.Unlock()
 			}
 			for _, p := range slices.Sorted(maps.Keys(lost)) {
@@ -413,4 +439,30 @@ func (w *writer) resync(f *flight, n int, last uint64, deadline time.Time, err e
 		}
 		w.j.cfg.Stream.Read(w.j.subj, last+1, end, timeout, scan, finish)
 	})
+}
+
+// foundFlight is an abandoned flight a resync found landed at seq.
+type foundFlight struct {
+	f   *flight
+	seq uint64
+}
+
+// abandonedAt returns the abandoned flight with nonce that may land at
+// seq (the position after the sequence it expected); nil if none.
+func (w *writer) abandonedAt(nonce, seq uint64) *flight {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, f := range w.abandoned {
+		if f.nonce == nonce && f.expect+1 == seq {
+			return f
+		}
+	}
+	return nil
+}
+
+// settleAbandoned drops the abandoned flights whose position is at or
+// below seq: a message holds it (theirs, committed, or another), so they
+// can no longer land (w.mu held).
+func (w *writer) settleAbandoned(seq uint64) {
+	w.abandoned = slices.DeleteFunc(w.abandoned, func(f *flight) bool { return f.expect+1 <= seq })
 }

@@ -501,12 +501,23 @@ func TestAbandonedFlightThatLandsIsCommitted(t *testing.T) {
 	if err == nil {
 		t.Fatal("the first write succeeded: want it failed by its deadline (its outcome unknown)")
 	}
+	// The owner, not knowing the first write landed, writes over the
+	// record before it: its batch is taken before the resync finds the
+	// first, and fails as a conflict once it is committed (J14).
+	gen := j.recs.genOf(p)
+	err = wait(t, func(done func(error)) {
+		j.w.enqueue(&write{key: key, val: versioned("x", 1), usage: u, part: p, gen: gen, expect: tagRev(journalRevBit, gen),
+			deadline: clk.Now().Add(time.Minute), done: func(_ uint64, err error) { done(err) }})
+	})
+	if !errors.Is(err, kvstate.ErrConflict) {
+		t.Fatalf("a write over the record before the landed batch: %v, want a conflict", err)
+	}
 	err = wait(t, func(done func(error)) {
 		j.w.enqueue(&write{key: key, val: versioned("x", 2), usage: u, part: p, gen: j.recs.genOf(p),
 			deadline: clk.Now().Add(time.Minute), done: func(_ uint64, err error) { done(err) }})
 	})
 	if err != nil {
-		t.Fatalf("the second write: %v", err)
+		t.Fatalf("the next write: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -231,6 +231,14 @@ func (w *writer) attempt(f *flight, n int, lastErr error) {
 			x.done(0, fmt.Errorf("%w: journal write: %v", fail.ErrUnavailable, lastErr))
 			continue
 		}
+		if n > 0 && !f.frozen && x.expect != 0 && w.j.recs.superseded(x.key, x.expect) {
+			// The batch will be built again; meanwhile a commit the
+			// write did not expect replaced its record (an abandoned
+			// batch that landed, J15): a conflict (J14).
+			x.failed = true
+			x.done(0, kvstate.ErrConflict)
+			continue
+		}
 		if live == 0 || x.deadline.After(latest) {
 			latest = x.deadline
 		}

@@ -628,7 +628,9 @@ func BenchmarkSecuredDecide(b *testing.B) {
 	body := func(i int64) []byte { return keys[i%64] }
 
 	unsecured, _ := benchSetup(b)
-	tenant := func(share bool) *nats.Conn {
+	// securedServer starts a secured embedded server (tenant acme) and
+	// returns its deployment and a dialer of its users.
+	securedServer := func(share bool) (*auth.Deployment, func(creds string) *nats.Conn) {
 		d, err := auth.Init(b.TempDir(), auth.InitOptions{Tenants: []string{"acme"}, ShareIdentity: share})
 		if err != nil {
 			b.Fatal(err)
@@ -638,7 +640,7 @@ func BenchmarkSecuredDecide(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(e.Shutdown)
-		dial := func(creds string) *nats.Conn {
+		return d, func(creds string) *nats.Conn {
 			nc, err := nats.Connect(e.ClientURL(), nats.UserCredentials(creds))
 			if err != nil {
 				b.Fatal(err)
@@ -646,6 +648,9 @@ func BenchmarkSecuredDecide(b *testing.B) {
 			b.Cleanup(nc.Close)
 			return nc
 		}
+	}
+	tenant := func(share bool) *nats.Conn {
+		d, dial := securedServer(share)
 		node := dial(d.NodeCreds())
 		n, err := mesh.NewNode(node, mesh.NodeConfig{})
 		if err != nil {
@@ -683,23 +688,7 @@ func BenchmarkSecuredDecide(b *testing.B) {
 		return connect(b, e)
 	}
 	echoSecured := func() *nats.Conn {
-		d, err := auth.Init(b.TempDir(), auth.InitOptions{Tenants: []string{"acme"}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		e, err := mesh.StartEmbedded(mesh.EmbeddedConfig{Listen: "127.0.0.1:-1", DataDir: b.TempDir(), Configure: d.Configure})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(e.Shutdown)
-		dial := func(creds string) *nats.Conn {
-			nc, err := nats.Connect(e.ClientURL(), nats.UserCredentials(creds))
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(nc.Close)
-			return nc
-		}
+		d, dial := securedServer(false)
 		echo(dial(d.NodeCreds()))
 		return dial(d.TenantCreds("acme"))
 	}

@@ -287,34 +287,10 @@ func TestUnknownOutcomeKeepsTheMessage(t *testing.T) {
 			sink := &usageIDs{}
 			j.cfg.Usage = sink
 			j.recs.owned[p] = true
-			u := []keyrec.Usage{{Cost: 1}}
-			err := wait(t, func(done func(error)) {
-				j.w.enqueue(&write{key: key, val: versioned("x", 1), usage: u, part: p, gen: j.recs.genOf(p),
-					deadline: time.Now().Add(10 * time.Second), done: func(_ uint64, err error) { done(err) }})
-			})
-			if err != nil {
+			if err := writeUsage(t, j, key, p, 1, 0, time.Now().Add(10*time.Second)); err != nil {
 				t.Fatalf("the write failed: %v (its batch landed)", err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			str, err := js.Stream(ctx, StreamName("rl"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			var batches []uint64
-			info, err := str.Info(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-				m, err := str.GetMsg(ctx, seq)
-				if err != nil {
-					continue
-				}
-				if d, err := decode(m.Data); err == nil && d.fence == nil {
-					batches = append(batches, seq)
-				}
-			}
+			batches := journalBatches(t, js)
 			if len(batches) != 1 {
 				t.Fatalf("the batch is in the journal %d times (sequences %v), want once", len(batches), batches)
 			}
@@ -493,51 +469,22 @@ func TestAbandonedFlightThatLandsIsCommitted(t *testing.T) {
 	sink := &usageIDs{}
 	j.cfg.Usage = sink
 	j.recs.owned[p] = true
-	u := []keyrec.Usage{{Cost: 1}}
-	err := wait(t, func(done func(error)) {
-		j.w.enqueue(&write{key: key, val: versioned("x", 1), usage: u, part: p, gen: j.recs.genOf(p),
-			deadline: clk.Now().Add(time.Minute), done: func(_ uint64, err error) { done(err) }})
-	})
-	if err == nil {
+	if err := writeUsage(t, j, key, p, 1, 0, clk.Now().Add(time.Minute)); err == nil {
 		t.Fatal("the first write succeeded: want it failed by its deadline (its outcome unknown)")
 	}
 	// The owner, not knowing the first write landed, writes over the
 	// record before it: its batch is taken before the resync finds the
 	// first, and fails as a conflict once it is committed (J14).
-	gen := j.recs.genOf(p)
-	err = wait(t, func(done func(error)) {
-		j.w.enqueue(&write{key: key, val: versioned("x", 1), usage: u, part: p, gen: gen, expect: tagRev(journalRevBit, gen),
-			deadline: clk.Now().Add(time.Minute), done: func(_ uint64, err error) { done(err) }})
-	})
+	err := writeUsage(t, j, key, p, 1, tagRev(journalRevBit, j.recs.genOf(p)), clk.Now().Add(time.Minute))
 	if !errors.Is(err, kvstate.ErrConflict) {
 		t.Fatalf("a write over the record before the landed batch: %v, want a conflict", err)
 	}
-	err = wait(t, func(done func(error)) {
-		j.w.enqueue(&write{key: key, val: versioned("x", 2), usage: u, part: p, gen: j.recs.genOf(p),
-			deadline: clk.Now().Add(time.Minute), done: func(_ uint64, err error) { done(err) }})
-	})
-	if err != nil {
+	if err := writeUsage(t, j, key, p, 2, 0, clk.Now().Add(time.Minute)); err != nil {
 		t.Fatalf("the next write: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	str, err := js.Stream(ctx, StreamName("rl"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var want []string
-	info, err := str.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		m, err := str.GetMsg(ctx, seq)
-		if err != nil {
-			continue
-		}
-		if d, err := decode(m.Data); err == nil && d.fence == nil && len(d.items) > 0 {
-			want = append(want, fmt.Sprintf("me.%d.0", seq))
-		}
+	for _, seq := range journalBatches(t, js) {
+		want = append(want, fmt.Sprintf("me.%d.0", seq))
 	}
 	if len(want) != 2 {
 		t.Fatalf("%d batches in the journal (%v), want 2", len(want), want)
@@ -548,4 +495,42 @@ func TestAbandonedFlightThatLandsIsCommitted(t *testing.T) {
 	if got != fmt.Sprint(want) {
 		t.Fatalf("usage ids %s, want %v (both batches, in order)", got, want)
 	}
+}
+
+// journalBatches returns the sequences of the batches with records in the
+// journal stream (fences and barriers left out).
+func journalBatches(t *testing.T, js jetstream.JetStream) []uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	str, err := js.Stream(ctx, StreamName("rl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := str.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batches []uint64
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := str.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		if d, err := decode(m.Data); err == nil && d.fence == nil && len(d.items) > 0 {
+			batches = append(batches, seq)
+		}
+	}
+	return batches
+}
+
+// writeUsage journals version v of key's record (partition p, held) with
+// one usage record, expecting revision expect (0: none checked), and
+// returns the write's answer.
+func writeUsage(t *testing.T, j *Journal, key string, p int, v, expect uint64, deadline time.Time) error {
+	t.Helper()
+	return wait(t, func(done func(error)) {
+		j.w.enqueue(&write{key: key, val: versioned("x", v), usage: []keyrec.Usage{{Cost: 1}}, part: p, gen: j.recs.genOf(p),
+			expect: expect, deadline: deadline, done: func(_ uint64, err error) { done(err) }})
+	})
 }

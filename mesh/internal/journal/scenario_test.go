@@ -216,6 +216,7 @@ type lostAck struct {
 	lasts      int
 	before     uint64
 	onLost     func() // called before the lost acknowledgement is reported
+	prelude    func() // called before the first append is sent
 }
 
 func (s *lostAck) Append(subj string, data []byte, last uint64, ttl, timeout time.Duration, done func(uint64, error)) {
@@ -225,6 +226,9 @@ func (s *lostAck) Append(subj string, data []byte, last uint64, ttl, timeout tim
 		return
 	}
 	s.before = last
+	if s.prelude != nil {
+		s.prelude()
+	}
 	s.Stream.Append(subj, data, last, ttl, timeout, func(_ uint64, err error) {
 		if err != nil {
 			s.t.Errorf("the first append: %v", err)
@@ -464,7 +468,15 @@ func TestAbandonedFlightThatLandsIsCommitted(t *testing.T) {
 	j, _, js := testJournal(t)
 	clk := &shiftedClock{}
 	j.rt = clk
-	s := &lostAck{Stream: j.cfg.Stream, t: t, js: js, onLost: func() { clk.off.Store(int64(time.Hour)) }}
+	s := &lostAck{Stream: j.cfg.Stream, t: t, js: js, onLost: func() { clk.off.Store(int64(time.Hour)) },
+		// Another node's message first: the stream's sequences are shared
+		// by every node's subject, so the batch lands at a sequence other
+		// than the one after what it expected.
+		prelude: func() {
+			if _, err := js.Publish(context.Background(), Subjects("rl")+"other", []byte("x")); err != nil {
+				t.Errorf("another node's message: %v", err)
+			}
+		}}
 	j.cfg.Stream = s
 	sink := &usageIDs{}
 	j.cfg.Usage = sink

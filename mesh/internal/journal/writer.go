@@ -70,11 +70,11 @@ type writer struct {
 	// far must be kept (see Retention above); it never decreases.
 	keep int64
 	// abandoned holds frozen flights that no write waits on any more
-	// (each failed its deadline) and that may still land, at the position
-	// after the sequence they expected: the resync that finds one there
-	// commits it (its records and usage), before anything after it
-	// (invariant J15). A flight is dropped once its position holds a
-	// message.
+	// (each failed its deadline) and that may still land, as the
+	// subject's next message after the one they expected: the resync that
+	// finds one commits it (its records and usage), before anything after
+	// it (invariant J15). A flight is dropped once the subject has a
+	// message after the one it expected.
 	abandoned []*flight
 }
 
@@ -455,22 +455,25 @@ type foundFlight struct {
 	seq uint64
 }
 
-// abandonedAt returns the abandoned flight with nonce that may land at
-// seq (the position after the sequence it expected); nil if none.
+// abandonedAt returns the abandoned flight with nonce that landed at seq
+// (a message of this node's subject after the one it expected: the
+// stream's sequences are shared by every node's subject, so its place is
+// the subject's next message, not the sequence after); nil if none.
 func (w *writer) abandonedAt(nonce, seq uint64) *flight {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, f := range w.abandoned {
-		if f.nonce == nonce && f.expect+1 == seq {
+		if f.nonce == nonce && f.expect < seq {
 			return f
 		}
 	}
 	return nil
 }
 
-// settleAbandoned drops the abandoned flights whose position is at or
-// below seq: a message holds it (theirs, committed, or another), so they
-// can no longer land (w.mu held).
+// settleAbandoned drops the abandoned flights that expected a sequence
+// below seq, a message of this node's subject: the subject's next message
+// after the one they expected exists (theirs, committed, or another), so
+// they can no longer land (w.mu held).
 func (w *writer) settleAbandoned(seq uint64) {
-	w.abandoned = slices.DeleteFunc(w.abandoned, func(f *flight) bool { return f.expect+1 <= seq })
+	w.abandoned = slices.DeleteFunc(w.abandoned, func(f *flight) bool { return f.expect < seq })
 }

@@ -21,7 +21,8 @@ import (
 //	    most burst + rate × elapsed (with the clocks' and the decision
 //	    deadline's slack) over any span;
 //	M5  after the faults end, every partition gets exactly one owner and
-//	    every key is decided again, from a record holding every admission.
+//	    every key is decided again, from a record holding every admission;
+//	U1-U3 (usage.go) the usage the journal offers reaches the ledger once.
 
 // checker holds what the checks need and the first violation.
 type checker struct {
@@ -32,11 +33,13 @@ type checker struct {
 	counts                                           map[string]map[int64]bool // count key -> counts admitted
 	rates                                            map[string][]int64        // rate key -> global instants of admissions
 	owner                                            []*node                   // scratch of step: the node serving each partition
+	// the calls clients were told were admitted and denied (U2, U3)
+	admittedIDs, deniedIDs map[string]bool
 }
 
 func newChecker(s *Sim) *checker {
 	return &checker{s: s, counts: map[string]map[int64]bool{}, rates: map[string][]int64{},
-		owner: make([]*node, s.cfg.Parts)}
+		owner: make([]*node, s.cfg.Parts), admittedIDs: map[string]bool{}, deniedIDs: map[string]bool{}}
 }
 
 func (c *checker) fail(format string, a ...any) {
@@ -82,9 +85,11 @@ func (c *checker) outcome(cc *clientCall, n *node, kc *keys.Call) {
 	}
 	if !kc.Out.Allowed {
 		c.denied++
+		c.deniedIDs[cc.id] = true
 		return
 	}
 	c.admitted++
+	c.admittedIDs[cc.id] = true
 	k := cc.k
 	if k.count {
 		count := int64(s.cfg.Limit) - kc.Out.Remaining/kvstate.Unit
@@ -175,6 +180,9 @@ func (c *checker) final() error {
 	}
 	if c.err != nil {
 		return c.err
+	}
+	if err := s.usage.check(c.admittedIDs, c.deniedIDs); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
+	"github.com/limitmesh/limitmesh/policies"
 )
 
 // clients issue decide requests until end (global ns): to a random node,
@@ -19,8 +20,8 @@ func (s *Sim) clients(end int64) {
 		}
 		k := s.keys[s.s.rng.IntN(len(s.keys))]
 		n := s.nodes[s.s.rng.IntN(len(s.nodes))]
-		c := &clientCall{k: k, deadline: s.s.now + int64(s.cfg.Timeout)}
 		s.check.calls++
+		c := &clientCall{k: k, deadline: s.s.now + int64(s.cfg.Timeout), id: callID(s.check.calls)}
 		s.route(c, n)
 		gap := int64(s.s.rng.ExpFloat64() / s.cfg.Rate * 1e9)
 		s.s.after(max(gap, 1), nil, next)
@@ -30,6 +31,7 @@ func (s *Sim) clients(end int64) {
 
 // clientCall is one decide request.
 type clientCall struct {
+	id       string // names the call in its usage record ("" for a probe)
 	k        *simKey
 	deadline int64 // global
 	dryRun   bool
@@ -75,6 +77,9 @@ func (s *Sim) submit(c *clientCall, n *node) {
 	now := rtm.Now().UnixNano()
 	call := &keys.Call{Policy: c.k.p, Cost: kvstate.Unit, DryRun: c.dryRun,
 		Deadline: now + n.global(c.deadline-s.s.now)}
+	if c.id != "" {
+		call.Desc = policies.Descriptor{{Name: "call", Value: c.id}}
+	}
 	call.Done = finisher(func(kc *keys.Call) {
 		slot.Inflight.Add(-1)
 		if errors.Is(kc.Err, fail.ErrFenced) && s.s.now < c.deadline {

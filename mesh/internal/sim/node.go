@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -123,6 +124,7 @@ func (n *node) start() {
 		Runtime:  rtm, Timeout: s.cfg.Timeout, CheckpointInterval: s.cfg.Checkpoint,
 		ReadCache: 2 * s.cfg.Lease, Floors: true, Last: last, Mark: mark,
 		Nonce: s.s.rng.Uint64() | 1, Log: log,
+		Boot: "b" + strconv.Itoa(n.life), Usage: &simUsage{n: n, m: s.usage, last: map[string]usagePos{}},
 	})
 	m = member.New(member.Config{
 		Self: n.id, Lease: s.cfg.Lease, DecisionTimeout: s.cfg.Timeout, Runtime: rtm,

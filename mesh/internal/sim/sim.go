@@ -70,6 +70,7 @@ type Sim struct {
 	faulty   bool // faults may be injected now
 	trace    []string
 	check    *checker
+	usage    *usageModel
 	// claims[p][rev] is the node whose claim of partition p landed at
 	// revision rev (the epoch it serves in).
 	claims []map[uint64]string
@@ -132,6 +133,7 @@ func New(cfg Config) (*Sim, error) {
 		}
 	}
 	s.check = newChecker(s)
+	s.usage = &usageModel{}
 	s.s.onStep = s.check.step
 	for i := range cfg.Nodes {
 		n := &node{sim: s, id: "n" + strconv.Itoa(i)}

@@ -92,6 +92,8 @@ var foundBugs = []uint64{
 	372,  // J8
 	2532, // J10: a source named later held the older record of a key
 	2722, // J10
+	158,  // J15: an abandoned batch that landed was skipped (U1); J15's first fix found it only at the sequence after
+	1415, // J15
 }
 
 // TestSimulationFoundBugs runs the seeds of foundBugs.

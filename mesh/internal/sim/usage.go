@@ -1,0 +1,118 @@
+package sim
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
+)
+
+// The usage model. Every admission of the run's policies (both strict) is
+// journalled with the record write that spends it; the journal hands its
+// usage to a sink (journal.UsageSink) when the write commits, and again,
+// with the same position, whenever a node reads the journal. Here each
+// node incarnation's sink is its publisher (usage.Publisher.AddJournal: a
+// record at or below the last one it took of an origin is skipped), a
+// publish is instant, and the usage stream is the order in which the
+// publishers take records. The ledger's rule for journalled records
+// (usage.ledgerCore) counts a record when its position is above its
+// origin's watermark, which it then becomes. At the end of a run:
+//
+//	U1  every record in the stream is counted (it never first appears
+//	    below its origin's watermark);
+//	U2  every admission a client was told of is counted;
+//	U3  no call is counted twice (under two positions), and none a client
+//	    was told was denied.
+//
+// The publisher's real timing (batches, acknowledgements, a death before
+// publishing) is not modelled: what it covers is the order in which the
+// journal offers records, across writers and readers of a journal.
+
+// usagePos is a record's position: its journal message and index.
+type usagePos struct {
+	seq uint64
+	idx uint32
+}
+
+func (a usagePos) less(b usagePos) bool { return a.seq < b.seq || a.seq == b.seq && a.idx < b.idx }
+
+// usageRec is one published record.
+type usageRec struct {
+	origin string // <node>.<boot>
+	pos    usagePos
+	call   string // the client call it admitted (its "call" dimension)
+}
+
+// usageModel is the usage stream of a run.
+type usageModel struct {
+	stream []usageRec
+}
+
+// simUsage is a node incarnation's usage sink and publisher.
+type simUsage struct {
+	n    *node
+	m    *usageModel
+	last map[string]usagePos // per origin, the last record taken
+}
+
+func (u *simUsage) Add(node, boot string, seq uint64, idx uint32, _ string, _ []byte, us *keyrec.Usage) {
+	origin := node + "." + boot
+	pos := usagePos{seq, idx}
+	if last, ok := u.last[origin]; ok && !last.less(pos) {
+		return
+	}
+	u.last[origin] = pos
+	var call string
+	for _, d := range us.Desc {
+		if d.Name == "call" {
+			call = d.Value
+		}
+	}
+	u.m.stream = append(u.m.stream, usageRec{origin, pos, call})
+	if u.n.sim.cfg.Debug {
+		u.n.sim.logf("%s publishes %s.j%d.%d (call %s)", u.n.id, origin, seq, idx, call)
+	}
+}
+
+// Sync implements journal.UsageSink: publishing is instant.
+func (u *simUsage) Sync(done func(error)) { nodeRT{u.n}.Go(func() { done(nil) }) }
+
+// check applies the ledger's rule to the stream and checks U1-U3 against
+// the calls clients were told were admitted and denied.
+func (m *usageModel) check(admitted, denied map[string]bool) error {
+	type id struct {
+		origin string
+		pos    usagePos
+	}
+	marks := map[string]usagePos{}
+	counted := map[id]bool{}
+	times := map[string]int{}
+	for _, r := range m.stream {
+		k := id{r.origin, r.pos}
+		if w, ok := marks[r.origin]; ok && !w.less(r.pos) {
+			if !counted[k] {
+				return fmt.Errorf("U1: record %s.j%d.%d (call %s) published after a later record of its origin was counted: in the stream, never in the ledger",
+					r.origin, r.pos.seq, r.pos.idx, r.call)
+			}
+			continue
+		}
+		marks[r.origin] = r.pos
+		counted[k] = true
+		times[r.call]++
+		if times[r.call] > 1 {
+			return fmt.Errorf("U3: call %s counted twice (the second at %s.j%d.%d)", r.call, r.origin, r.pos.seq, r.pos.idx)
+		}
+		if denied[r.call] {
+			return fmt.Errorf("U3: call %s counted (%s.j%d.%d), but its client was told it was denied", r.call, r.origin, r.pos.seq, r.pos.idx)
+		}
+	}
+	for call := range admitted {
+		if times[call] == 0 {
+			return fmt.Errorf("U2: call %s was admitted but is not in the ledger", call)
+		}
+	}
+	return nil
+}
+
+// callID names client call n in its descriptor.
+func callID(n int) string { return strconv.Itoa(n) }

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -176,7 +177,17 @@ func TestForwardHandOverDecidedOnce(t *testing.T) {
 	const n = 30
 	admitted := 0
 	for i := range n {
-		m, err := client.Request(fwd.node.ShardSubject(q), []byte(req(desc, "")), testTimeout)
+		var m *nats.Msg
+		var err error
+		for deadline := time.Now().Add(testTimeout); ; {
+			// "no responders": the forwarder's subscription of q has
+			// not reached the server yet (nobody got the request).
+			m, err = client.Request(fwd.node.ShardSubject(q), []byte(req(desc, "")), testTimeout)
+			if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}

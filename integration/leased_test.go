@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -93,7 +94,18 @@ type leaseReply struct {
 func askOwner(t *testing.T, nc *nats.Conn, part int, body map[string]any) leaseReply {
 	t.Helper()
 	b, _ := json.Marshal(body)
-	m, err := nc.Request(fmt.Sprintf("rl.v1.lease.shard.%d", part), b, testTimeout)
+	// A node serves a partition (Owns) a moment before its subscription of
+	// the partition's subjects reaches the server: "no responders" means
+	// nobody got the request, which is then sent again (as holders do).
+	var m *nats.Msg
+	var err error
+	for deadline := time.Now().Add(testTimeout); ; {
+		m, err = nc.Request(fmt.Sprintf("rl.v1.lease.shard.%d", part), b, testTimeout)
+		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatalf("lease request %s: %v", b, err)
 	}

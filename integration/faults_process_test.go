@@ -20,10 +20,7 @@ import (
 func procCluster(t *testing.T) ([]*proc, [][]*nats.Conn) {
 	t.Helper()
 	procs := startProcs(t, procSpec{n: 3})
-	var urls []string
-	for _, p := range procs {
-		urls = append(urls, p.clientURL)
-	}
+	urls := clientURLs(procs)
 	rev := putPolicy(t, connectURLs(t, urls...), "rl_policies", "hot", hotPolicy)
 	waitProcsApplied(t, "hot", rev, procs...)
 	conns := make([][]*nats.Conn, len(procs))
@@ -132,14 +129,7 @@ func TestFaultKillOwner(t *testing.T) {
 	if hint.Code != "" || part < 0 {
 		t.Fatalf("dry run %+v: want a decision with the partition hint", hint)
 	}
-	ownerIdx := func(id string) int {
-		for i, p := range procs {
-			if p.nodeID(t) == id {
-				return i
-			}
-		}
-		return -1
-	}
+	ownerIdx := func(id string) int { return procOfNode(t, procs, id) }
 	owner := -1
 	waitFor(t, "an owner of the hot key's partition", func() bool {
 		owner = ownerIdx(partOwner(conns[0][0], part))

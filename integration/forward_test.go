@@ -179,15 +179,12 @@ func TestForwardHandOverDecidedOnce(t *testing.T) {
 	for i := range n {
 		var m *nats.Msg
 		var err error
-		for deadline := time.Now().Add(testTimeout); ; {
-			// "no responders": the forwarder's subscription of q has
-			// not reached the server yet (nobody got the request).
+		// "no responders": the forwarder's subscription of q has not
+		// reached the server yet (nobody got the request).
+		waitFor(t, "the forwarder's subscription", func() bool {
 			m, err = client.Request(fwd.node.ShardSubject(q), []byte(req(desc, "")), testTimeout)
-			if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return !errors.Is(err, nats.ErrNoResponders)
+		})
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}

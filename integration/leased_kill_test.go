@@ -20,10 +20,7 @@ func TestLeasedKillOwnerProcess(t *testing.T) {
 		t.Skip("kill test with three processes")
 	}
 	procs := startProcs(t, procSpec{n: 3})
-	var urls []string
-	for _, p := range procs {
-		urls = append(urls, p.clientURL)
-	}
+	urls := clientURLs(procs)
 	admin := connectURLs(t, urls...)
 	d := map[string]string{"tenant": "killed"}
 	// The key's partition: a strict version of the policy answers dry runs
@@ -41,14 +38,7 @@ func TestLeasedKillOwnerProcess(t *testing.T) {
 	rev = putPolicy(t, admin, "rl_policies", "leased", leasedPolicy)
 	waitProcsApplied(t, "leased", rev, procs...)
 
-	ownerIdx := func(id string) int {
-		for i, p := range procs {
-			if p.nodeID(t) == id {
-				return i
-			}
-		}
-		return -1
-	}
+	ownerIdx := func(id string) int { return procOfNode(t, procs, id) }
 	owner := -1
 	waitFor(t, "an owner of the key's partition", func() bool {
 		owner = ownerIdx(partOwner(admin, part))

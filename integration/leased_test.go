@@ -99,13 +99,10 @@ func askOwner(t *testing.T, nc *nats.Conn, part int, body map[string]any) leaseR
 	// nobody got the request, which is then sent again (as holders do).
 	var m *nats.Msg
 	var err error
-	for deadline := time.Now().Add(testTimeout); ; {
+	waitFor(t, "a subscriber of the partition's lease subject", func() bool {
 		m, err = nc.Request(fmt.Sprintf("rl.v1.lease.shard.%d", part), b, testTimeout)
-		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return !errors.Is(err, nats.ErrNoResponders)
+	})
 	if err != nil {
 		t.Fatalf("lease request %s: %v", b, err)
 	}

@@ -256,6 +256,26 @@ func (p *proc) kill() {
 
 // connectURLs opens a client connection to urls[0] that may fail over to
 // any of urls and reconnects forever (closed at cleanup).
+// clientURLs returns the processes' client URLs, in order.
+func clientURLs(procs []*proc) []string {
+	urls := make([]string, len(procs))
+	for i, p := range procs {
+		urls[i] = p.clientURL
+	}
+	return urls
+}
+
+// procOfNode returns the index of the running process that logged node
+// id, or -1.
+func procOfNode(t *testing.T, procs []*proc, id string) int {
+	for i, p := range procs {
+		if p.running() && p.nodeID(t) == id {
+			return i
+		}
+	}
+	return -1
+}
+
 func connectURLs(t *testing.T, urls ...string) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(),

@@ -84,10 +84,7 @@ func TestShadowKillEvaluatorNode(t *testing.T) {
 		t.Skip("kill test with three processes")
 	}
 	procs := startProcs(t, procSpec{n: 3})
-	var urls []string
-	for _, p := range procs {
-		urls = append(urls, p.clientURL)
-	}
+	urls := clientURLs(procs)
 	admin := connectURLs(t, urls...)
 	js, _ := jetstream.New(admin)
 	rev := putPolicy(t, admin, "rl_policies", "tenants",

@@ -37,10 +37,7 @@ type usageCluster struct {
 func startUsageCluster(t *testing.T) *usageCluster {
 	t.Helper()
 	procs := startProcs(t, procSpec{n: 3, extra: []string{"--usage-interval", "100ms"}})
-	var urls []string
-	for _, p := range procs {
-		urls = append(urls, p.clientURL)
-	}
+	urls := clientURLs(procs)
 	uc := &usageCluster{procs: procs, admin: connectURLs(t, urls...)}
 	uc.js, _ = jetstream.New(uc.admin)
 	rev := putPolicy(t, uc.admin, "rl_policies", "billed", billedPolicy)
@@ -55,14 +52,7 @@ func startUsageCluster(t *testing.T) *usageCluster {
 }
 
 // procOf returns the index of the process that logged node id, or -1.
-func (uc *usageCluster) procOf(t *testing.T, id string) int {
-	for i, p := range uc.procs {
-		if p.running() && p.nodeID(t) == id {
-			return i
-		}
-	}
-	return -1
-}
+func (uc *usageCluster) procOf(t *testing.T, id string) int { return procOfNode(t, uc.procs, id) }
 
 // usageLoads is the load of a kill test: three tenants admitted at a
 // decimal cost, and one denied (its cost is above the burst).

@@ -123,6 +123,20 @@ func (r *records) prepare(key string, p int) (gen uint64, known, owned bool) {
 func (r *records) superseded(key string, expect uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.supersededLocked(key, expect)
+}
+
+// stale reports whether write x is a conflict when its batch is taken: of
+// an older generation of its partition (J6), or expecting a record a later
+// commit of its key replaced (J14). One lock for both checks.
+func (r *records) stale(x *write) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return x.gen != r.gen[x.part] || x.expect != 0 && r.supersededLocked(x.key, x.expect)
+}
+
+// supersededLocked is superseded with r.mu held.
+func (r *records) supersededLocked(key string, expect uint64) bool {
 	e := r.entries[key]
 	if e == nil || e.orphan {
 		return false

@@ -166,7 +166,7 @@ func (w *writer) take() (batch, expired, stale []*write) {
 			expired = append(expired, x)
 			continue
 		}
-		if x.gen != w.j.recs.genOf(x.part) || x.expect != 0 && w.j.recs.superseded(x.key, x.expect) {
+		if w.j.recs.stale(x) {
 			// Of an older generation of its partition, or expecting a
 			// record that a later commit of the key replaced (J14): a
 			// conflict.

@@ -2,7 +2,6 @@ package keys
 
 import (
 	"github.com/limitmesh/limitmesh/kvstate"
-	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/policies"
 )
 
@@ -33,14 +32,7 @@ func (o *owner) denyInline(c *Call, now int64) bool {
 		return false
 	}
 	c.mode = p.Mode
-	c.Out = keyrec.Decision{
-		Allowed:    kd.Allowed,
-		Policy:     p.Name,
-		Revision:   p.Revision,
-		Remaining:  kd.Remaining,
-		RetryAfter: kd.RetryAfter,
-		ResetAfter: kd.ResetAfter,
-	}
+	c.Out = decisionOf(kd, p)
 	c.At = now
 	return true
 }

@@ -37,15 +37,7 @@ func (o *owner) decideWith(rec *keyrec.Record, c *Call, p *policies.Policy, now 
 	// the owner's own record, never shared: writes carry encoded bytes).
 	kd, states := kvstate.DecideAll(o.limits, rec.States, now, c.Cost, o.spare)
 	o.denying = !kd.Allowed
-	d := keyrec.Decision{
-		Allowed:    kd.Allowed,
-		Policy:     p.Name,
-		Revision:   p.Revision,
-		Remaining:  kd.Remaining,
-		RetryAfter: kd.RetryAfter,
-		ResetAfter: kd.ResetAfter,
-	}
-	c.Out = d
+	c.Out = decisionOf(kd, p)
 	c.At = now
 	if c.DryRun {
 		return false
@@ -63,7 +55,7 @@ func (o *owner) decideWith(rec *keyrec.Record, c *Call, p *policies.Policy, now 
 		o.spare = states
 	}
 	if c.HasID {
-		rec.AddDedupe(c.ID, now, d)
+		rec.AddDedupe(c.ID, now, c.Out)
 		changed = true
 	}
 	return changed
@@ -122,4 +114,16 @@ func emptyRecord(p *policies.Policy, now int64) keyrec.Record {
 		_, rec.States[i] = kvstate.Decide(l.Limit, kvstate.State{}, now, l.Capacity())
 	}
 	return rec
+}
+
+// decisionOf is the reply of limits decision kd under policy p.
+func decisionOf(kd kvstate.Decision, p *policies.Policy) keyrec.Decision {
+	return keyrec.Decision{
+		Allowed:    kd.Allowed,
+		Policy:     p.Name,
+		Revision:   p.Revision,
+		Remaining:  kd.Remaining,
+		RetryAfter: kd.RetryAfter,
+		ResetAfter: kd.ResetAfter,
+	}
 }

@@ -101,14 +101,11 @@ func fail(at loc, reason string) error { return &decodeError{path: at.String(), 
 var top = loc{rec: -1}
 
 func (d *decoder) ws() {
-	for d.pos < len(d.data) {
-		switch d.data[d.pos] {
-		case ' ', '\t', '\n', '\r':
-			d.pos++
-		default:
-			return
-		}
+	data, i := d.data, d.pos
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
 	}
+	d.pos = i
 }
 
 // expect consumes byte c (after whitespace).
@@ -456,6 +453,17 @@ func (d *decoder) str(at loc) (string, error) {
 		return "", err
 	}
 	start := d.pos
+	// The common string: printable ASCII without escapes (in locals: the
+	// loop is the decoder's hottest).
+	data, i := d.data, d.pos
+	for i < len(data) && plainASCII[data[i]] {
+		i++
+	}
+	if i < len(data) && data[i] == '"' {
+		d.pos = i + 1
+		return data[start:i], nil
+	}
+	d.pos = i
 	ascii := true
 	for d.pos < len(d.data) {
 		c := d.data[d.pos]
@@ -567,12 +575,10 @@ func (d *decoder) number(at loc) (string, error) {
 	d.ws()
 	start := d.pos
 	for d.pos < len(d.data) {
-		c := d.data[d.pos]
-		if c >= '0' && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E' {
-			d.pos++
-			continue
+		if !numberByte(d.data[d.pos]) {
+			break
 		}
-		break
+		d.pos++
 	}
 	if d.pos == start {
 		return "", fail(at, "is not a number")
@@ -582,6 +588,20 @@ func (d *decoder) number(at loc) (string, error) {
 
 // uint reads a JSON integer >= 0 (no sign, fraction or exponent).
 func (d *decoder) uint(at loc) (uint64, error) {
+	// The common integer: 1 to 19 digits, no leading zero, then a byte
+	// that cannot continue a number (the rest take the checked path).
+	d.ws()
+	var n uint64
+	data, start := d.data, d.pos
+	i := start
+	for i < len(data) && i-start < 19 && data[i] >= '0' && data[i] <= '9' {
+		n = n*10 + uint64(data[i]-'0')
+		i++
+	}
+	if i > start && (i-start == 1 || data[start] != '0') && (i == len(data) || !numberByte(data[i])) {
+		d.pos = i
+		return n, nil
+	}
 	text, err := d.number(at)
 	if err != nil {
 		return 0, err
@@ -589,12 +609,26 @@ func (d *decoder) uint(at loc) (uint64, error) {
 	if len(text) > 1 && text[0] == '0' {
 		return 0, fail(at, strconv.Quote(text)+" is not an integer >= 0")
 	}
-	n, err := strconv.ParseUint(text, 10, 64)
+	n, err = strconv.ParseUint(text, 10, 64)
 	if err != nil {
 		return 0, fail(at, strconv.Quote(text)+" is not an integer >= 0 below 2^64")
 	}
 	return n, nil
 }
+
+// numberByte reports whether c can be part of a JSON number's text.
+func numberByte(c byte) bool {
+	return c >= '0' && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E'
+}
+
+// plainASCII holds the bytes a string's common fast path reads: printable
+// ASCII other than '"' and '\\'.
+var plainASCII = func() (t [256]bool) {
+	for c := 0x20; c < 0x7f; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 // skip skips one JSON value, checking that it is well formed.
 func (d *decoder) skip(at loc, depth int) error {

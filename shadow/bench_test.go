@@ -79,6 +79,47 @@ func BenchmarkReplayTenCandidates(b *testing.B) {
 	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/record")
 }
 
+// BenchmarkReplayBenchCandidates: the candidates `limitmesh bench
+// --candidates 10` puts (eight keyed like the bench policy, two by run
+// only) over 10,000 Zipf keys: eight share one key group, so the group's
+// index finds a record's state for all eight in one lookup.
+func BenchmarkReplayBenchCandidates(b *testing.B) {
+	var cands []*policies.Policy
+	for i := range 10 {
+		key := `["bench_run","key"]`
+		if i%5 == 3 {
+			key = `["bench_run"]`
+		}
+		limits := []string{
+			`[{"algorithm":"token_bucket","rate":"500/s","burst":50}]`,
+			`[{"algorithm":"gcra","rate":"200/s","burst":20}]`,
+			`[{"algorithm":"fixed_window","limit":100,"window":"1s"}]`,
+			`[{"algorithm":"sliding_window","limit":5000,"window":"1s"}]`,
+			`[{"name":"rate","algorithm":"token_bucket","rate":"100/s","burst":100},{"name":"minute","algorithm":"fixed_window","limit":3000,"window":"1m"}]`,
+		}[i%5]
+		cands = append(cands, mustPolicy(b, fmt.Sprintf("bench-shadow-r1-%d", i), 1, `{"match":{"bench_run":"r1"},"key":`+key+`,"limits":`+limits+`}`))
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	z := rand.NewZipf(rng, 1.1, 1, 9999)
+	recs := make([]usage.Record, 200_000)
+	at := t0
+	for i := range recs {
+		at += int64(rng.IntN(30))
+		recs[i] = usage.Record{TimeUs: at, Descriptor: desc(b, "bench_run", "r1", "key", fmt.Sprintf("k%d", z.Uint64())), Cost: unit, Allowed: true}
+	}
+	r := NewReplay(Options{})
+	r.SetCandidates(cands)
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	for i := 0; i < b.N; i++ {
+		rec := recs[i%len(recs)]
+		rec.TimeUs += int64(i/len(recs)) * 60_000_000
+		r.Apply(&rec)
+	}
+	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/record")
+}
+
 // BenchmarkDecodeReplayTenCandidates: what the evaluator does per usage
 // message, per record: decode the batch (usage.DecodeBatch) and replay it
 // through ten candidates. Batches of 500 records.

@@ -139,6 +139,7 @@ func (r *Replay) Restore(b []byte) (CheckpointInfo, error) {
 		c.over.key = OverflowKey(c.p.Name)
 		info.Restored++
 	}
+	r.reindex()
 	return info, nil
 }
 

@@ -72,10 +72,30 @@ type Replay struct {
 
 // keyGroup is one key-dimension list and, during Apply, the key suffix of
 // the record under it.
+//
+// index finds a key's states for every member at once: one map lookup
+// per record and group instead of one per candidate (with ten candidates
+// on the same dimensions, most of a record's cost was those lookups). It
+// holds the keys in the literal form (keyIndex) that at least one member
+// keeps state for; each member's keys map remains the record of what the
+// candidate holds (sweeps, checkpoints, Summary.Keys), and index only
+// points into it.
 type keyGroup struct {
-	dims   []string
-	state  suffixState
-	suffix []byte
+	dims    []string
+	members int // candidates keyed on dims; each has its slot in a groupKey
+	index   map[string]*groupKey
+	state   suffixState
+	suffix  []byte
+	// cur is the record's groupKey once looked up (looked), nil when
+	// no member keeps state for the key.
+	cur    *groupKey
+	looked bool
+}
+
+// groupKey is one literal key of a keyGroup: the state each member keeps
+// for it (nil where it keeps none), by the member's slot.
+type groupKey struct {
+	states []*keyState
 }
 
 // suffixState says what a keyGroup's suffix holds for the record being
@@ -92,7 +112,9 @@ const (
 // candidate is one candidate revision under evaluation.
 type candidate struct {
 	p       *policies.Policy
-	group   int // index of its key-dimension list in Replay.groups
+	group   int       // index of its key-dimension list in Replay.groups
+	slot    int       // its place among the group's members (groupKey.states)
+	grp     *keyGroup // &Replay.groups[group], set by reindex
 	limits  []kvstate.Limit
 	sum     Summary // counts; TopDenied, Series and Keys are filled on output
 	keys    map[string]*keyState
@@ -141,6 +163,38 @@ func (r *Replay) SetCandidates(ps []*policies.Policy) {
 			c.group = len(r.groups)
 			r.groups = append(r.groups, keyGroup{dims: c.p.Key})
 		}
+		c.slot = r.groups[c.group].members
+		r.groups[c.group].members++
+	}
+	r.reindex()
+}
+
+// reindex builds every group's index from its members' keys (after the
+// candidates or their state changed wholesale).
+func (r *Replay) reindex() {
+	for i := range r.groups {
+		r.groups[i].index = nil
+		if r.groups[i].members > 1 {
+			r.groups[i].index = map[string]*groupKey{}
+		}
+	}
+	for _, c := range r.cands {
+		g := &r.groups[c.group]
+		c.grp = g
+		if g.index == nil {
+			continue
+		}
+		for k, ks := range c.keys {
+			if k != "" && k[0] != '.' {
+				continue // the digest form: the candidate's own
+			}
+			gk := g.index[k]
+			if gk == nil {
+				gk = &groupKey{states: make([]*keyState, g.members)}
+				g.index[k] = gk
+			}
+			gk.states[c.slot] = ks
+		}
 	}
 }
 
@@ -188,7 +242,8 @@ func (r *Replay) newCandidate(p *policies.Policy) *candidate {
 func (r *Replay) Apply(rec *usage.Record) {
 	now := usToNs(rec.TimeUs)
 	for i := range r.groups {
-		r.groups[i].state = suffixUnknown
+		g := &r.groups[i]
+		g.state, g.cur, g.looked = suffixUnknown, nil, false
 	}
 	for _, c := range r.cands {
 		if !matches(c.p, rec.Descriptor) {
@@ -199,6 +254,12 @@ func (r *Replay) Apply(rec *usage.Record) {
 			r.suffix(g, c.p, rec.Descriptor)
 		}
 		var idx []byte
+		// A group of one finds keys in its candidate's map directly (the
+		// index would only add a step).
+		grouped := (*keyGroup)(nil)
+		if g.members > 1 {
+			grouped = g
+		}
 		switch {
 		case g.state == suffixMissing:
 			c.sum.Skipped++
@@ -214,9 +275,11 @@ func (r *Replay) Apply(rec *usage.Record) {
 			r.keyBuf, idx = full, full
 			if rest := full[2+len(c.p.Name):]; len(rest) < 2 || rest[1] != '_' {
 				idx = rest // the literal form, as keyIndex
+			} else {
+				grouped = nil
 			}
 		}
-		c.apply(r.opt.MaxKeys, idx, rec, now)
+		c.apply(r.opt.MaxKeys, grouped, idx, rec, now)
 	}
 }
 
@@ -245,9 +308,20 @@ func (c *candidate) fullKey(idx []byte) string {
 }
 
 // apply decides rec against the state of the key with index idx (see
-// keyIndex) and counts the outcome.
-func (c *candidate) apply(maxKeys int, idx []byte, rec *usage.Record, now int64) {
-	ks := c.keys[string(idx)]
+// keyIndex) and counts the outcome. g is the candidate's group when idx is
+// the group's literal suffix (its index finds the state), else nil.
+func (c *candidate) apply(maxKeys int, g *keyGroup, idx []byte, rec *usage.Record, now int64) {
+	var ks *keyState
+	if g != nil {
+		if !g.looked {
+			g.cur, g.looked = g.index[string(idx)], true
+		}
+		if g.cur != nil {
+			ks = g.cur.states[c.slot]
+		}
+	} else {
+		ks = c.keys[string(idx)]
+	}
 	overflow := false
 	if ks == nil {
 		if len(c.keys) >= maxKeys && now >= c.sweepAt {
@@ -256,7 +330,18 @@ func (c *candidate) apply(maxKeys int, idx []byte, rec *usage.Record, now int64)
 		}
 		if len(c.keys) < maxKeys {
 			ks = &keyState{key: c.fullKey(idx)}
-			c.keys[string(idx)] = ks
+			k := string(idx)
+			c.keys[k] = ks
+			if g != nil {
+				if !g.looked {
+					g.cur, g.looked = g.index[k], true
+				}
+				if g.cur == nil {
+					g.cur = &groupKey{states: make([]*keyState, g.members)}
+					g.index[k] = g.cur
+				}
+				g.cur.states[c.slot] = ks
+			}
 		} else {
 			ks, overflow = &c.over, true
 		}
@@ -315,13 +400,39 @@ func (c *candidate) apply(maxKeys int, idx []byte, rec *usage.Record, now int64)
 }
 
 // sweep drops the keys whose state is at rest at now: it decides every
-// request from now on exactly as a never-seen key's would.
+// request from now on exactly as a never-seen key's would. The group's
+// key of the record being applied is looked up again afterwards (the sweep
+// may have dropped it from the index).
 func (c *candidate) sweep(now int64) {
 	for k, ks := range c.keys {
 		if atRest(c.limits, ks.states, now) {
 			delete(c.keys, k)
+			c.unindex(k)
 		}
 	}
+	if c.grp != nil {
+		c.grp.cur, c.grp.looked = nil, false
+	}
+}
+
+// unindex removes the candidate's state of key k (dropped from its keys)
+// from its group's index.
+func (c *candidate) unindex(k string) {
+	g := c.grp
+	if g == nil || g.index == nil || (k != "" && k[0] != '.') {
+		return
+	}
+	gk := g.index[k]
+	if gk == nil {
+		return
+	}
+	gk.states[c.slot] = nil
+	for _, ks := range gk.states {
+		if ks != nil {
+			return
+		}
+	}
+	delete(g.index, k)
 }
 
 // atRest reports whether states, advanced to now, equal a never-seen

@@ -3,6 +3,7 @@ package shadow
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/limitmesh/limitmesh/usage"
@@ -222,5 +223,43 @@ func TestSummaryJSON(t *testing.T) {
 	e, _ := json.Marshal(NewReplay(Options{}).Summaries())
 	if string(e) != "[]" {
 		t.Errorf("no candidates: %s", e)
+	}
+}
+
+// TestReplayGroupMixedKeyForms: two candidates keyed on the same
+// dimension, one with a name so long that its limit key takes the digest
+// form. Whether the short-named one's key is found through its group's
+// index must not depend on which candidates matched the record: the
+// long-named one (first by name) matches only searches, so the group's
+// suffix is computed from its digest key for searches and from the short
+// one's literal key for writes. The short one's counts equal its replay
+// alone.
+func TestReplayGroupMixedKeyForms(t *testing.T) {
+	long := "a" + strings.Repeat("x", 63)
+	limits := `"limits": [{"algorithm": "token_bucket", "rate": "1/s", "burst": 3}]`
+	cands := []*policyT{
+		mustPolicy(t, long, 1, `{"match": {"operation": "search"}, "key": ["user", "zone"], `+limits+`}`),
+		mustPolicy(t, "b", 1, `{"match": {}, "key": ["user", "zone"], `+limits+`}`),
+	}
+	user, zone := strings.Repeat("u", 120), strings.Repeat("z", 120)
+	var recs []usage.Record
+	for i := range 12 {
+		op := []string{"search", "write"}[i%2]
+		recs = append(recs, rec(desc(t, "operation", op, "user", user, "zone", zone), int64(i), 1, true))
+	}
+	both, alone := NewReplay(Options{}), NewReplay(Options{})
+	both.SetCandidates(cands)
+	alone.SetCandidates(cands[1:])
+	for i := range recs {
+		both.Apply(&recs[i])
+		alone.Apply(&recs[i])
+	}
+	got, _ := both.Summary("b")
+	want, _ := alone.Summary("b")
+	if got.WouldAllow != 3 || got.WouldDeny != 9 || !reflect.DeepEqual(got, want) {
+		t.Fatalf("b with the long-named candidate: %+v\nalone: %+v", got, want)
+	}
+	if full, _ := cands[0].LimitKey(recs[0].Descriptor); !strings.Contains(full, "._") {
+		t.Fatalf("the long-named candidate's key %q is not in the digest form", full)
 	}
 }

@@ -65,8 +65,14 @@ func benchRecords(b testing.TB, n int) []usage.Record {
 // shared machine).
 func BenchmarkReplayTenCandidates(b *testing.B) {
 	recs := benchRecords(b, 200_000)
+	replayBench(b, tenCandidates(b), recs)
+}
+
+// replayBench replays recs (again and again, a minute later each round)
+// through cands b.N times and reports records/s and CPU per record.
+func replayBench(b *testing.B, cands []*policies.Policy, recs []usage.Record) {
 	r := NewReplay(Options{})
-	r.SetCandidates(tenCandidates(b))
+	r.SetCandidates(cands)
 	b.ReportAllocs()
 	b.ResetTimer()
 	cpu0 := cpuTime()
@@ -82,7 +88,9 @@ func BenchmarkReplayTenCandidates(b *testing.B) {
 // BenchmarkReplayBenchCandidates: the candidates `limitmesh bench
 // --candidates 10` puts (eight keyed like the bench policy, two by run
 // only) over 10,000 Zipf keys: eight share one key group, so the group's
-// index finds a record's state for all eight in one lookup.
+// index finds a record's state for all eight in one lookup. The documents
+// are those of cli.benchCandidateDoc (cli imports shadow, not the other
+// way round).
 func BenchmarkReplayBenchCandidates(b *testing.B) {
 	var cands []*policies.Policy
 	for i := range 10 {
@@ -107,17 +115,7 @@ func BenchmarkReplayBenchCandidates(b *testing.B) {
 		at += int64(rng.IntN(30))
 		recs[i] = usage.Record{TimeUs: at, Descriptor: desc(b, "bench_run", "r1", "key", fmt.Sprintf("k%d", z.Uint64())), Cost: unit, Allowed: true}
 	}
-	r := NewReplay(Options{})
-	r.SetCandidates(cands)
-	b.ReportAllocs()
-	b.ResetTimer()
-	cpu0 := cpuTime()
-	for i := 0; i < b.N; i++ {
-		rec := recs[i%len(recs)]
-		rec.TimeUs += int64(i/len(recs)) * 60_000_000
-		r.Apply(&rec)
-	}
-	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/record")
+	replayBench(b, cands, recs)
 }
 
 // BenchmarkDecodeReplayTenCandidates: what the evaluator does per usage

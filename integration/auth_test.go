@@ -485,9 +485,18 @@ func TestSecuredClusterAddTenant(t *testing.T) {
 	waitFor(t, "the route", func() bool {
 		return servers[0].emb.Server().NumRoutes() > 0 && servers[1].emb.Server().NumRoutes() > 0
 	})
+	// Both accounts are in use on s1 before the responder subscribes on
+	// s0. Otherwise s1 learns the subscription over the route for an
+	// account it has not loaded: nats-server registers it on an
+	// incomplete account that the tenant's connection later completes by
+	// a fetch (server/route.go, processRemoteSub). Once, under two suites
+	// at once, the interest then never reached s1 within a minute. This
+	// test is about a pushed tenant, not that path; a deployment runs a
+	// node on every server, so LIMITER is loaded everywhere.
+	servers[1].dial(t, d.NodeCreds(), nil)
+	acme := servers[1].dial(t, d.TenantCreds("acme"), nil)
 	b := binder(t, servers[0], servers[0].responder(t))
 	// The responder's interest reaches the second server.
-	acme := servers[1].dial(t, d.TenantCreds("acme"), nil)
 	waitFor(t, "the responder's interest on s1", func() bool {
 		_, err := acme.Request("rl.v1.decide", nil, 100*time.Millisecond)
 		return err == nil

@@ -485,14 +485,12 @@ func TestSecuredClusterAddTenant(t *testing.T) {
 	waitFor(t, "the route", func() bool {
 		return servers[0].emb.Server().NumRoutes() > 0 && servers[1].emb.Server().NumRoutes() > 0
 	})
-	// Both accounts are in use on s1 before the responder subscribes on
-	// s0. Otherwise s1 learns the subscription over the route for an
-	// account it has not loaded: nats-server registers it on an
-	// incomplete account that the tenant's connection later completes by
-	// a fetch (server/route.go, processRemoteSub). Once, under two suites
-	// at once, the interest then never reached s1 within a minute. This
-	// test is about a pushed tenant, not that path; a deployment runs a
-	// node on every server, so LIMITER is loaded everywhere.
+	// Both accounts are loaded on s1 before the responder subscribes on
+	// s0, as in a deployment (a node on every server): interest learnt
+	// over a route for an account a server has not loaded yet goes on an
+	// incomplete account that a later fetch completes (nats-server's
+	// processRemoteSub), a path this test, about a pushed tenant, does
+	// not depend on.
 	servers[1].dial(t, d.NodeCreds(), nil)
 	acme := servers[1].dial(t, d.TenantCreds("acme"), nil)
 	b := binder(t, servers[0], servers[0].responder(t))

@@ -129,10 +129,9 @@ func TestFaultKillOwner(t *testing.T) {
 	if hint.Code != "" || part < 0 {
 		t.Fatalf("dry run %+v: want a decision with the partition hint", hint)
 	}
-	ownerIdx := func(id string) int { return procOfNode(t, procs, id) }
 	owner := -1
 	waitFor(t, "an owner of the hot key's partition", func() bool {
-		owner = ownerIdx(partOwner(conns[0][0], part))
+		owner = procOfNode(t, procs, partOwner(conns[0][0], part))
 		return owner >= 0
 	})
 	ownerID := procs[owner].nodeID(t)
@@ -179,7 +178,7 @@ func TestFaultKillOwner(t *testing.T) {
 	// shards stream, an election comes before the lease can even be
 	// renewed or claimed.
 	waitWithin(t, faultTimeout, fmt.Sprintf("a new owner of partition %d", part), func() bool {
-		newOwner = ownerIdx(partOwner(survivor, part))
+		newOwner = procOfNode(t, procs, partOwner(survivor, part))
 		return newOwner >= 0 && newOwner != owner
 	})
 	l.waitDecisions(t, l.stats(), 200, faultTimeout, "after killing the owner")

@@ -38,10 +38,9 @@ func TestLeasedKillOwnerProcess(t *testing.T) {
 	rev = putPolicy(t, admin, "rl_policies", "leased", leasedPolicy)
 	waitProcsApplied(t, "leased", rev, procs...)
 
-	ownerIdx := func(id string) int { return procOfNode(t, procs, id) }
 	owner := -1
 	waitFor(t, "an owner of the key's partition", func() bool {
-		owner = ownerIdx(partOwner(admin, part))
+		owner = procOfNode(t, procs, partOwner(admin, part))
 		return owner >= 0
 	})
 	var survivors []string
@@ -66,7 +65,7 @@ func TestLeasedKillOwnerProcess(t *testing.T) {
 	newOwner := -1
 	survivor := connectURLs(t, survivors...)
 	waitWithin(t, faultTimeout, fmt.Sprintf("a new owner of partition %d", part), func() bool {
-		newOwner = ownerIdx(partOwner(survivor, part))
+		newOwner = procOfNode(t, procs, partOwner(survivor, part))
 		return newOwner >= 0 && newOwner != owner
 	})
 	// Admissions resume, and go on for longer than a grant lives (the old

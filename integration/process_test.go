@@ -254,8 +254,6 @@ func (p *proc) kill() {
 	<-p.done
 }
 
-// connectURLs opens a client connection to urls[0] that may fail over to
-// any of urls and reconnects forever (closed at cleanup).
 // clientURLs returns the processes' client URLs, in order.
 func clientURLs(procs []*proc) []string {
 	urls := make([]string, len(procs))
@@ -276,6 +274,8 @@ func procOfNode(t *testing.T, procs []*proc, id string) int {
 	return -1
 }
 
+// connectURLs opens a client connection to urls[0] that may fail over to
+// any of urls and reconnects forever (closed at cleanup).
 func connectURLs(t *testing.T, urls ...string) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(),

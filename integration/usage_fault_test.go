@@ -51,9 +51,6 @@ func startUsageCluster(t *testing.T) *usageCluster {
 	return uc
 }
 
-// procOf returns the index of the process that logged node id, or -1.
-func (uc *usageCluster) procOf(t *testing.T, id string) int { return procOfNode(t, uc.procs, id) }
-
 // usageLoads is the load of a kill test: three tenants admitted at a
 // decimal cost, and one denied (its cost is above the burst).
 type usageLoads struct {
@@ -171,7 +168,7 @@ func TestUsageKillNodeUnderLoad(t *testing.T) {
 	}
 	victim := -1
 	waitFor(t, "an owner of "+billedKey(usageTenants[0])+"'s partition", func() bool {
-		victim = uc.procOf(t, partOwner(uc.admin, part))
+		victim = procOfNode(t, uc.procs, partOwner(uc.admin, part))
 		return victim >= 0
 	})
 	victimID := uc.procs[victim].nodeID(t)
@@ -212,7 +209,7 @@ func TestUsageKillReconciler(t *testing.T) {
 	victim := -1
 	waitWithin(t, 3*testTimeout, "a reconciler holding leader.ledger", func() bool {
 		leader = ledgerLeader(uc.js)
-		victim = uc.procOf(t, leader)
+		victim = procOfNode(t, uc.procs, leader)
 		return victim >= 0
 	})
 	ul := uc.startLoads(t, victim)

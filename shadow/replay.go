@@ -112,9 +112,8 @@ const (
 // candidate is one candidate revision under evaluation.
 type candidate struct {
 	p       *policies.Policy
-	group   int       // index of its key-dimension list in Replay.groups
+	grp     *keyGroup // its key-dimension list's group in Replay.groups
 	slot    int       // its place among the group's members (groupKey.states)
-	grp     *keyGroup // &Replay.groups[group], set by reindex
 	limits  []kvstate.Limit
 	sum     Summary // counts; TopDenied, Series and Keys are filled on output
 	keys    map[string]*keyState
@@ -157,14 +156,18 @@ func (r *Replay) SetCandidates(ps []*policies.Policy) {
 	}
 	slices.SortFunc(r.cands, func(a, b *candidate) int { return strings.Compare(a.p.Name, b.p.Name) })
 	r.groups = r.groups[:0]
-	for _, c := range r.cands {
-		c.group = slices.IndexFunc(r.groups, func(g keyGroup) bool { return slices.Equal(g.dims, c.p.Key) })
-		if c.group < 0 {
-			c.group = len(r.groups)
+	group := make([]int, len(r.cands)) // while r.groups grows
+	for i, c := range r.cands {
+		group[i] = slices.IndexFunc(r.groups, func(g keyGroup) bool { return slices.Equal(g.dims, c.p.Key) })
+		if group[i] < 0 {
+			group[i] = len(r.groups)
 			r.groups = append(r.groups, keyGroup{dims: c.p.Key})
 		}
-		c.slot = r.groups[c.group].members
-		r.groups[c.group].members++
+		c.slot = r.groups[group[i]].members
+		r.groups[group[i]].members++
+	}
+	for i, c := range r.cands {
+		c.grp = &r.groups[group[i]]
 	}
 	r.reindex()
 }
@@ -179,23 +182,41 @@ func (r *Replay) reindex() {
 		}
 	}
 	for _, c := range r.cands {
-		g := &r.groups[c.group]
-		c.grp = g
-		if g.index == nil {
+		if c.grp.index == nil {
 			continue
 		}
 		for k, ks := range c.keys {
-			if k != "" && k[0] != '.' {
-				continue // the digest form: the candidate's own
+			if literalIndex(k) {
+				c.grp.add(k, c.slot, ks)
 			}
-			gk := g.index[k]
-			if gk == nil {
-				gk = &groupKey{states: make([]*keyState, g.members)}
-				g.index[k] = gk
-			}
-			gk.states[c.slot] = ks
 		}
 	}
+}
+
+// literalIndex reports whether keys-map index k is in the literal form
+// (see keyIndex), the form a group's index holds; the digest form is the
+// candidate's own.
+func literalIndex(k string) bool { return k == "" || k[0] == '.' }
+
+// lookup returns the record's groupKey for literal key k (nil when no
+// member keeps state for it), looking it up once per record.
+func (g *keyGroup) lookup(k []byte) *groupKey {
+	if !g.looked {
+		g.cur, g.looked = g.index[string(k)], true
+	}
+	return g.cur
+}
+
+// add points member slot's state of literal key k at ks and returns k's
+// groupKey.
+func (g *keyGroup) add(k string, slot int, ks *keyState) *groupKey {
+	gk := g.index[k]
+	if gk == nil {
+		gk = &groupKey{states: make([]*keyState, g.members)}
+		g.index[k] = gk
+	}
+	gk.states[slot] = ks
+	return gk
 }
 
 // keyIndex returns the index of a candidate's keys map under which the
@@ -249,7 +270,7 @@ func (r *Replay) Apply(rec *usage.Record) {
 		if !matches(c.p, rec.Descriptor) {
 			continue
 		}
-		g := &r.groups[c.group]
+		g := c.grp
 		if g.state == suffixUnknown {
 			r.suffix(g, c.p, rec.Descriptor)
 		}
@@ -313,11 +334,8 @@ func (c *candidate) fullKey(idx []byte) string {
 func (c *candidate) apply(maxKeys int, g *keyGroup, idx []byte, rec *usage.Record, now int64) {
 	var ks *keyState
 	if g != nil {
-		if !g.looked {
-			g.cur, g.looked = g.index[string(idx)], true
-		}
-		if g.cur != nil {
-			ks = g.cur.states[c.slot]
+		if gk := g.lookup(idx); gk != nil {
+			ks = gk.states[c.slot]
 		}
 	} else {
 		ks = c.keys[string(idx)]
@@ -333,14 +351,7 @@ func (c *candidate) apply(maxKeys int, g *keyGroup, idx []byte, rec *usage.Recor
 			k := string(idx)
 			c.keys[k] = ks
 			if g != nil {
-				if !g.looked {
-					g.cur, g.looked = g.index[k], true
-				}
-				if g.cur == nil {
-					g.cur = &groupKey{states: make([]*keyState, g.members)}
-					g.index[k] = g.cur
-				}
-				g.cur.states[c.slot] = ks
+				g.cur, g.looked = g.add(k, c.slot, ks), true
 			}
 		} else {
 			ks, overflow = &c.over, true
@@ -410,16 +421,14 @@ func (c *candidate) sweep(now int64) {
 			c.unindex(k)
 		}
 	}
-	if c.grp != nil {
-		c.grp.cur, c.grp.looked = nil, false
-	}
+	c.grp.cur, c.grp.looked = nil, false
 }
 
 // unindex removes the candidate's state of key k (dropped from its keys)
 // from its group's index.
 func (c *candidate) unindex(k string) {
 	g := c.grp
-	if g == nil || g.index == nil || (k != "" && k[0] != '.') {
+	if g.index == nil || !literalIndex(k) {
 		return
 	}
 	gk := g.index[k]

@@ -209,31 +209,50 @@ func TestShadowEvaluatorClusterFailover(t *testing.T) {
 		want[s.Policy] = s
 	}
 	var got map[string]shadow.Summary
-	waitWithin(t, 90*time.Second, "the survivors' summaries to equal one uninterrupted evaluation", func() bool {
-		got = map[string]shadow.Summary{}
+	var lastErr error
+	equal := func() bool {
+		got, lastErr = map[string]shadow.Summary{}, nil
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		for name := range want {
 			e, err := skv.Get(ctx, name)
 			if err != nil {
+				lastErr = fmt.Errorf("get %s: %w", name, err)
 				return false
 			}
 			var s shadow.Summary
-			if json.Unmarshal(e.Value(), &s) != nil {
+			if err := json.Unmarshal(e.Value(), &s); err != nil {
+				lastErr = fmt.Errorf("summary %s: %w", name, err)
 				return false
 			}
 			s.UpdatedUs = 0
 			got[name] = s
 		}
 		return reflect.DeepEqual(got, want)
-	})
-	leaders := 0
-	for _, ce := range evs {
-		if ce != active && ce.leads() {
-			leaders++
+	}
+	for deadline := time.Now().Add(90 * time.Second); !equal(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			// Say how they differ: fewer records evaluated is a lag or a
+			// loss, more is a double count.
+			for name, w := range want {
+				t.Errorf("%s: got %+v\nwant %+v", name, got[name], w)
+			}
+			t.Fatalf("timed out waiting for the survivors' summaries to equal one uninterrupted evaluation (90s; last error %v; %d survivors lead)",
+				lastErr, leadersBut(evs, active))
 		}
 	}
-	if leaders != 1 {
+	if leaders := leadersBut(evs, active); leaders != 1 {
 		t.Errorf("%d survivors lead, want 1", leaders)
 	}
+}
+
+// leadersBut counts the evaluators other than skip that lead.
+func leadersBut(evs []*clusterEvaluator, skip *clusterEvaluator) int {
+	n := 0
+	for _, ce := range evs {
+		if ce != skip && ce.leads() {
+			n++
+		}
+	}
+	return n
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 	"github.com/limitmesh/limitmesh/usage"
 )
@@ -160,8 +161,12 @@ func (e *Evaluator) Run(ctx context.Context) error {
 		obs jetstream.ObjectStore
 		err error
 	)
+	var leader *kvstate.JetStreamStore
 	for {
 		kv, obs, err = ensureBuckets(ctx, e.js, e.cfg.Prefix, e.cfg.Replicas)
+		if err == nil {
+			leader, err = kvstate.NewJetStreamStore(ctx, e.js, Bucket(e.cfg.Prefix))
+		}
 		if err == nil {
 			break
 		}
@@ -178,7 +183,7 @@ func (e *Evaluator) Run(ctx context.Context) error {
 		e.m.leader.Set(1)
 		defer e.m.leader.Set(0)
 		defer e.m.candidates.Set(0)
-		return e.lead(ctx, &store{kv: kv, obs: obs})
+		return e.lead(ctx, &store{kv: kv, obs: obs, leader: leader})
 	})
 }
 

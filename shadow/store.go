@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/limitmesh/limitmesh/kvstate"
 )
 
 // The evaluator's storage, in two buckets:
@@ -25,6 +28,14 @@ import (
 // compare-and-swap on the revision it last wrote or read, so an evaluator
 // that lost its lease without knowing it fails its next write and stops
 // instead of overwriting its successor's.
+
+// A checkpoint object the pointer names but a read does not find is read
+// again objectRetries times, objectRetryWait apart, before it counts as
+// lost.
+const (
+	objectRetries   = 20
+	objectRetryWait = 250 * time.Millisecond
+)
 
 // Keys of the summary bucket that are not summaries.
 const (
@@ -51,6 +62,12 @@ type pointer struct {
 type store struct {
 	kv  jetstream.KeyValue
 	obs jetstream.ObjectStore
+	// leader reads kv's entries from its stream leader. kv.Get is a
+	// direct get, which a follower of an R3 bucket may answer a few
+	// revisions behind: right after a failover the new evaluator could
+	// read an old pointer, whose checkpoint is deleted, and start counting
+	// again while its consumer resumes past what it counted.
+	leader *kvstate.JetStreamStore
 	// ptrRev is the revision of the pointer entry as last read or written
 	// (0: none).
 	ptrRev uint64
@@ -109,25 +126,32 @@ func (s *store) load(ctx context.Context) ([]byte, error) {
 		if !isSummaryKey(k) {
 			continue
 		}
-		e, err := s.kv.Get(ctx, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
+		_, rev, err := s.leader.Get(ctx, k)
+		if errors.Is(err, kvstate.ErrNotFound) {
 			continue
 		} else if err != nil {
 			return nil, fmt.Errorf("get %s: %w", k, err)
 		}
-		s.revs[k] = e.Revision()
+		s.revs[k] = rev
 	}
-	e, err := s.kv.Get(ctx, CheckpointKey)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+	val, rev, err := s.leader.Get(ctx, CheckpointKey)
+	if errors.Is(err, kvstate.ErrNotFound) {
 		return nil, nil
 	} else if err != nil {
 		return nil, fmt.Errorf("get %s: %w", CheckpointKey, err)
 	}
-	s.ptrRev = e.Revision()
-	if err := json.Unmarshal(e.Value(), &s.ptr); err != nil || s.ptr.Object == "" {
-		return nil, fmt.Errorf("%w: pointer %q", ErrCorrupt, e.Value())
+	s.ptrRev = rev
+	if err := json.Unmarshal(val, &s.ptr); err != nil || s.ptr.Object == "" {
+		return nil, fmt.Errorf("%w: pointer %q", ErrCorrupt, val)
 	}
+	// The object store reads an object's description with a direct get
+	// too: a follower behind the pointer answers "not found" for the
+	// newest checkpoint. It is written before the pointer names it, so it
+	// is retried for a while before it counts as lost.
 	b, err := s.obs.GetBytes(ctx, s.ptr.Object)
+	for try := 0; errors.Is(err, jetstream.ErrObjectNotFound) && try < objectRetries && sleepCtx(ctx, objectRetryWait); try++ {
+		b, err = s.obs.GetBytes(ctx, s.ptr.Object)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint object %s: %w", s.ptr.Object, err)
 	}

@@ -25,6 +25,13 @@ func Decide(l Limit, s State, now, cost int64) (d Decision, ns State) {
 	return d, ns
 }
 
+// DecideTo is [Decide] through pointers, for callers that keep many
+// states: it writes the new state to *out and returns the decision. *l
+// and *s are only read; out must not alias s.
+func DecideTo(l *Limit, s *State, now, cost int64, out *State) Decision {
+	return decideInto(l, s, now, cost, out)
+}
+
 // decideInto is Decide writing the new state to *out. *s is only read;
 // out may not alias s. Pointers keep the large State from being copied on
 // the hot path.
@@ -42,9 +49,9 @@ func decideInto(l *Limit, s *State, now, cost int64, out *State) Decision {
 	case Quota:
 		return decideQuota(l, s, now, cost, out)
 	case FixedWindow:
-		d, *out = decideFixedWindow(*l, *s, now, cost)
+		return decideFixedWindow(l, s, now, cost, out)
 	case SlidingWindow:
-		d, *out = decideSlidingWindow(*l, *s, now, cost)
+		return decideSlidingWindow(l, s, now, cost, out)
 	case SlidingLog:
 		d, *out = decideSlidingLog(*l, *s, now, cost)
 	case Concurrency:
@@ -131,10 +138,10 @@ func Advance(l Limit, s State, now int64) State {
 		c, eff := gcraCredit(&l, &s, now)
 		return gcraState(&l, c, eff)
 	case FixedWindow:
-		start, count := fwView(l, s, now)
+		start, count := fwView(&l, &s, now)
 		return State{Algorithm: FixedWindow, WindowStart: start, Count: count}
 	case SlidingWindow:
-		start, cur, prev := swView(l, s, now)
+		start, cur, prev := swView(&l, &s, now)
 		return State{Algorithm: SlidingWindow, WindowStart: start, Count: cur, Prev: prev}
 	case SlidingLog:
 		live, _, _ := logLive(l, s, now)

@@ -21,7 +21,7 @@ func alignDown(t, w int64) int64 {
 }
 
 // fwView returns a fixed_window state's current window and count at now.
-func fwView(l Limit, s State, now int64) (start, count int64) {
+func fwView(l *Limit, s *State, now int64) (start, count int64) {
 	cur := alignDown(now, l.Window)
 	if s.Algorithm != FixedWindow || cur > s.WindowStart {
 		return cur, 0
@@ -29,7 +29,7 @@ func fwView(l Limit, s State, now int64) (start, count int64) {
 	return s.WindowStart, max(s.Count, 0)
 }
 
-func decideFixedWindow(l Limit, s State, now, cost int64) (Decision, State) {
+func decideFixedWindow(l *Limit, s *State, now, cost int64, out *State) Decision {
 	start, count := fwView(l, s, now)
 	end := satAdd(start, l.Window)
 	d := Decision{Allowed: true, ResetAfter: sat(span(now, end))}
@@ -45,14 +45,16 @@ func decideFixedWindow(l Limit, s State, now, cost int64) (Decision, State) {
 	}
 	d.Remaining = max(l.Limit-count, 0)
 	if !d.Allowed || cost <= 0 {
-		return d, s
+		*out = *s
+		return d
 	}
-	return d, State{Algorithm: FixedWindow, WindowStart: start, Count: count}
+	*out = State{Algorithm: FixedWindow, WindowStart: start, Count: count}
+	return d
 }
 
 // swView returns a sliding_window state's current window start, current
 // count and previous count at now.
-func swView(l Limit, s State, now int64) (start, cur, prev int64) {
+func swView(l *Limit, s *State, now int64) (start, cur, prev int64) {
 	start = alignDown(now, l.Window)
 	if s.Algorithm != SlidingWindow {
 		return start, 0, 0
@@ -69,7 +71,7 @@ func swView(l Limit, s State, now int64) (start, cur, prev int64) {
 // swWeighted returns ceil(prev*(W-elapsed)/W): the previous window's count
 // weighted by the part of it still inside the trailing window, rounded up so
 // that the estimate never under-counts. elapsed is clamped to [0, W).
-func swWeighted(l Limit, start, prev, now int64) int64 {
+func swWeighted(l *Limit, start, prev, now int64) int64 {
 	if prev == 0 {
 		return 0
 	}
@@ -82,7 +84,7 @@ func swWeighted(l Limit, start, prev, now int64) int64 {
 //	estimate = cur + ceil(prev * (W - elapsed) / W)
 //
 // and admits cost iff estimate + cost <= Limit.
-func decideSlidingWindow(l Limit, s State, now, cost int64) (Decision, State) {
+func decideSlidingWindow(l *Limit, s *State, now, cost int64, out *State) Decision {
 	start, cur, prev := swView(l, s, now)
 	end := satAdd(start, l.Window)
 	est := satAdd(cur, swWeighted(l, start, prev, now))
@@ -100,9 +102,11 @@ func decideSlidingWindow(l Limit, s State, now, cost int64) (Decision, State) {
 	}
 	d.Remaining = max(l.Limit-est, 0)
 	if !d.Allowed || cost <= 0 {
-		return d, s
+		*out = *s
+		return d
 	}
-	return d, State{Algorithm: SlidingWindow, WindowStart: start, Count: cur, Prev: prev}
+	*out = State{Algorithm: SlidingWindow, WindowStart: start, Count: cur, Prev: prev}
+	return d
 }
 
 // swRetryAt returns the first instant at which cost (<= Limit) is admitted
@@ -115,7 +119,7 @@ func decideSlidingWindow(l Limit, s State, now, cost int64) (Decision, State) {
 // t >= start+W - floor(k*W/prev). If k < 0 it never fits in this window;
 // in the next one cur becomes the previous count and the same reasoning
 // gives t >= start+2W - floor((Limit-cost)*W/cur), no earlier than start+W.
-func swRetryAt(l Limit, start, cur, prev, cost int64) int64 {
+func swRetryAt(l *Limit, start, cur, prev, cost int64) int64 {
 	w := uint64(l.Window)
 	end := satAdd(start, l.Window)
 	if k := satAdd(l.Limit-cost, -cur); k >= 0 && prev > 0 {

@@ -20,7 +20,8 @@ import (
 // policies, CONTRACT.md §3); a deleted or purged entry, or a valid one
 // without "shadow": true, is no candidate.
 type candidateSet struct {
-	byName map[string]*policies.Policy
+	byName  map[string]*policies.Policy
+	created map[string]time.Time // when each candidate's entry was put (the server's time)
 }
 
 // update applies one entry of the bucket and reports whether the set
@@ -32,7 +33,7 @@ func (c *candidateSet) update(e jetstream.KeyValueEntry, log *slog.Logger) bool 
 	}
 	old := c.byName[name]
 	if e.Operation() != jetstream.KeyValuePut {
-		delete(c.byName, name)
+		c.drop(name)
 		return old != nil
 	}
 	p, err := policies.Parse(name, e.Value())
@@ -41,12 +42,33 @@ func (c *candidateSet) update(e jetstream.KeyValueEntry, log *slog.Logger) bool 
 		return false
 	}
 	if !p.Shadow {
-		delete(c.byName, name)
+		c.drop(name)
 		return old != nil
 	}
 	p.Revision = e.Revision()
 	c.byName[name] = p
-	return old == nil || old.Revision != p.Revision
+	if old == nil || old.Revision != p.Revision {
+		c.created[name] = e.Created()
+		return true
+	}
+	return false
+}
+
+func (c *candidateSet) drop(name string) {
+	delete(c.byName, name)
+	delete(c.created, name)
+}
+
+// since returns when the earliest of the candidates was put: the stream
+// time an evaluation of them from nothing starts at.
+func (c *candidateSet) since() time.Time {
+	var t time.Time
+	for _, at := range c.created {
+		if t.IsZero() || at.Before(t) {
+			t = at
+		}
+	}
+	return t
 }
 
 // list returns the candidates by name.
@@ -59,11 +81,21 @@ func (c *candidateSet) list() []*policies.Policy {
 	return out
 }
 
+// candidateList is one version of the candidates, as watchCandidates sends
+// it.
+type candidateList struct {
+	list []*policies.Policy
+	// since is when the earliest of them was put (zero when there are
+	// none): an evaluator without candidates until now starts evaluating
+	// them at the first usage record stored at or after it.
+	since time.Time
+}
+
 // watchCandidates watches the policy bucket until ctx ends, sending the
 // candidate list on out once the bucket's current values are read and
 // after every change (a reader that falls behind gets the latest list
 // only). It waits for the bucket to exist.
-func watchCandidates(ctx context.Context, js jetstream.JetStream, bucket string, out chan []*policies.Policy, log *slog.Logger) error {
+func watchCandidates(ctx context.Context, js jetstream.JetStream, bucket string, out chan candidateList, log *slog.Logger) error {
 	var kv jetstream.KeyValue
 	for {
 		var err error
@@ -86,7 +118,7 @@ func watchCandidates(ctx context.Context, js jetstream.JetStream, bucket string,
 		return fmt.Errorf("watch %s: %w", bucket, err)
 	}
 	defer w.Stop()
-	set := candidateSet{byName: map[string]*policies.Policy{}}
+	set := candidateSet{byName: map[string]*policies.Policy{}, created: map[string]time.Time{}}
 	initial := true
 	for {
 		select {
@@ -105,7 +137,7 @@ func watchCandidates(ctx context.Context, js jetstream.JetStream, bucket string,
 			if initial || !changed {
 				continue
 			}
-			list := set.list()
+			list := candidateList{list: set.list(), since: set.since()}
 			select { // keep only the latest list
 			case <-out:
 			default:

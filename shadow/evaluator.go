@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"regexp"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -75,10 +76,12 @@ var prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 //
 //   - follows the candidates: the valid policies with "shadow": true in
 //     <prefix>_policies, each at its entry's revision;
-//   - restores the last checkpoint and consumes <PREFIX>_USAGE with the
-//     durable pull consumer usage.ShadowConsumer (acknowledge-all), reset
-//     to the sequence after the checkpoint, so every message is applied
-//     once: those at or below the checkpoint's sequence are skipped;
+//   - restores the last checkpoint and, while there are candidates,
+//     consumes <PREFIX>_USAGE with the durable pull consumer
+//     usage.ShadowConsumer (acknowledge-all), reset to the sequence after
+//     the checkpoint, so every message is applied once: those at or below
+//     the checkpoint's sequence are skipped (candidates with nothing to
+//     resume start at their put time, see [session.resume]);
 //   - applies each valid usage batch's records to its [Replay], in stream
 //     order (messages that fail usage.DecodeBatch are skipped and
 //     counted);
@@ -207,6 +210,11 @@ type session struct {
 	buf       []byte // the last checkpoint's buffer, reused
 	lastMsg   jetstream.Msg
 	lagFrom   time.Time // stream time of the last message applied while more waited
+	// The stream's messages while there are candidates (startReading);
+	// nil channels while there are none.
+	in       <-chan jetstream.Msg
+	readErr  <-chan error
+	stopRead func()
 }
 
 // written is the outcome of one checkpoint write.
@@ -222,7 +230,7 @@ type written struct {
 
 // lead is the job of the active evaluator.
 func (e *Evaluator) lead(ctx context.Context, st *store) error {
-	cands := make(chan []*policies.Policy, 1)
+	cands := make(chan candidateList, 1)
 	wctx, stopWatch := context.WithCancel(ctx)
 	watchErr, watchDone := make(chan error, 1), make(chan struct{})
 	go func() {
@@ -236,7 +244,7 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 
 	s := &session{e: e, st: st, p: newPool(e.cfg.Workers, e.cfg.Options), written: make(chan written, 1)}
 	defer s.p.stop()
-	var first []*policies.Policy
+	var first candidateList
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
@@ -244,38 +252,26 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 		return err
 	case first = <-cands:
 	}
-	s.p.setCandidates(first)
-	e.m.candidates.Set(float64(len(first)))
+	s.p.setCandidates(first.list)
+	e.m.candidates.Set(float64(len(first.list)))
 
-	if err := s.restore(ctx); err != nil {
-		return err
-	}
-	it, err := s.consume(ctx)
+	fresh, err := s.restore(ctx)
 	if err != nil {
 		return err
 	}
-	msgs := make(chan jetstream.Msg, 256)
-	readErr := make(chan error, 1)
-	go func() {
-		defer close(msgs)
-		for {
-			m, err := it.Next()
-			if err != nil {
-				readErr <- err
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
-			}
+	defer s.stopReading()
+	if !s.p.empty() {
+		// Candidates with nothing to resume start at their put time, as
+		// they would have with an evaluator running then (see resume).
+		if fresh {
+			err = s.resume(ctx, first.since)
+		} else {
+			err = s.startReading(ctx)
 		}
-	}()
-	defer func() {
-		it.Stop()
-		for range msgs {
+		if err != nil {
+			return err
 		}
-	}()
+	}
 
 	flush := time.NewTicker(e.cfg.FlushInterval)
 	defer flush.Stop()
@@ -284,7 +280,6 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 	if err := s.flush(ctx); err != nil {
 		return err
 	}
-	in := (<-chan jetstream.Msg)(msgs)
 	for {
 		select {
 		case <-ctx.Done():
@@ -292,22 +287,33 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 			return ctx.Err()
 		case err := <-watchErr:
 			return err
-		case err := <-readErr:
+		case err := <-s.readErr:
 			if ctx.Err() != nil {
 				s.final()
 				return ctx.Err()
 			}
 			return fmt.Errorf("consume %s: %w", usage.StreamName(e.cfg.Prefix), err)
-		case m, ok := <-in:
+		case m, ok := <-s.in:
 			if !ok {
-				in = nil // the reader ended: its error is on readErr
+				s.in = nil // the reader ended: its error is on readErr
 				continue
 			}
 			s.apply(m)
 		case list := <-cands:
-			s.p.setCandidates(list)
+			wasIdle := s.p.empty()
+			s.p.setCandidates(list.list)
 			s.dirty = true
-			e.m.candidates.Set(float64(len(list)))
+			e.m.candidates.Set(float64(len(list.list)))
+			var err error
+			switch {
+			case wasIdle && !s.p.empty():
+				err = s.resume(ctx, list.since)
+			case !wasIdle && s.p.empty():
+				s.stopReading()
+			}
+			if err != nil {
+				return err
+			}
 		case <-flush.C:
 			if err := s.flush(ctx); err != nil {
 				return err
@@ -324,23 +330,151 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 	}
 }
 
-// restore loads the last checkpoint into the Replay.
-func (s *session) restore(ctx context.Context) error {
+// startReading sets up the consumer (see consume) and a goroutine that
+// passes its messages to the loop on s.in; a read error ends it and comes
+// on s.readErr.
+func (s *session) startReading(ctx context.Context) error {
+	it, err := s.consume(ctx)
+	if err != nil {
+		return err
+	}
+	msgs, readErr, done := make(chan jetstream.Msg, 256), make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(msgs)
+		for {
+			m, err := it.Next()
+			if err != nil {
+				readErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			case <-done:
+				return
+			}
+		}
+	}()
+	s.in, s.readErr = msgs, readErr
+	s.stopRead = func() {
+		close(done)
+		it.Stop()
+		for range msgs {
+		}
+	}
+	return nil
+}
+
+// stopReading stops the reader, if any. The messages it read and the loop
+// did not apply are dropped: s.applied is still the last one applied, and
+// the next startReading delivers from the one after it.
+func (s *session) stopReading() {
+	if s.stopRead == nil {
+		return
+	}
+	s.stopRead()
+	s.in, s.readErr, s.stopRead = nil, nil, nil
+	s.lagFrom = time.Time{}
+}
+
+// resume starts reading the stream for candidates that start from nothing:
+// at a term's start without a checkpoint to resume, or when there are
+// candidates again after none. (With no candidates the evaluator reads
+// nothing, so that the stream costs a node next to nothing until someone
+// puts a candidate.) They start at the first record stored at or after
+// since, when the earliest of them was put (an evaluator running then
+// would have been about there), or after the last one applied if that is
+// later.
+func (s *session) resume(ctx context.Context, since time.Time) error {
+	if !since.IsZero() {
+		seq, err := firstSeqAt(ctx, s.e.js, usage.StreamName(s.e.cfg.Prefix), since)
+		if err != nil {
+			return fmt.Errorf("position of %v in %s: %w", since, usage.StreamName(s.e.cfg.Prefix), err)
+		}
+		if seq > s.applied+1 {
+			s.e.log.Debug("shadow: candidates after none; evaluating from their put time", "since", since, "seq", seq, "skipped", seq-1-s.applied)
+			s.applied, s.dirty = seq-1, true
+		}
+	}
+	return s.startReading(ctx)
+}
+
+// firstSeqAt returns the sequence of stream's first message stored at or
+// after t, or the one the next message will have when there is none.
+func firstSeqAt(ctx context.Context, js jetstream.JetStream, stream string, t time.Time) (uint64, error) {
+	req, err := json.Marshal(struct {
+		StartTime time.Time `json:"start_time"`
+	}{t.UTC()})
+	if err != nil {
+		return 0, err
+	}
+	msg, err := js.Conn().RequestWithContext(ctx, apiPrefix(js)+"STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return 0, err
+	}
+	var resp struct {
+		Error *struct {
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, fmt.Errorf("message get: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			return 0, err
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return 0, err
+		}
+		return info.State.LastSeq + 1, nil
+	case resp.Error != nil:
+		return 0, fmt.Errorf("message get: %s (%d)", resp.Error.Description, resp.Error.ErrCode)
+	case resp.Message == nil:
+		return 0, errors.New("message get: no message in the answer")
+	}
+	return resp.Message.Seq, nil
+}
+
+// apiPrefix returns the JetStream API subject prefix js uses.
+func apiPrefix(js jetstream.JetStream) string {
+	o := js.Options()
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
+}
+
+// restore loads the last checkpoint into the Replay. It reports whether
+// the candidates start from nothing: there is no checkpoint to resume, or
+// it is one of an evaluator without candidates.
+func (s *session) restore(ctx context.Context) (fresh bool, err error) {
 	b, err := s.st.load(ctx)
 	switch {
 	case errors.Is(err, ErrCorrupt) || errors.Is(err, jetstream.ErrObjectNotFound):
 		s.e.log.Error("shadow: checkpoint unreadable; counts start again", "err", err)
-		return nil
+		return true, nil
 	case err != nil:
-		return err
+		return false, err
 	case b == nil:
-		s.e.log.Info("shadow: no checkpoint; evaluating from the consumer's position")
-		return nil
+		s.e.log.Info("shadow: no checkpoint; candidates are evaluated from their put time")
+		return true, nil
 	}
 	info, err := s.p.restore(b)
 	if err != nil {
 		s.e.log.Error("shadow: checkpoint unreadable; counts start again", "err", err)
-		return nil
+		return true, nil
 	}
 	s.applied, s.ckptSeq = info.Seq, info.Seq
 	// The metrics count this process's evaluations, once each.
@@ -348,11 +482,11 @@ func (s *session) restore(ctx context.Context) error {
 		s.e.counted[sum.Policy] = baseline(s.e.counted[sum.Policy], &sum)
 	}
 	s.e.log.Info("shadow: restored checkpoint", "seq", info.Seq, "candidates", info.Candidates, "restored", info.Restored)
-	return nil
+	return info.Candidates == 0, nil
 }
 
-// consume sets up the durable consumer at the sequence after the
-// checkpoint and starts reading it.
+// consume sets up the durable consumer at the sequence after the last one
+// applied (the checkpoint's) and starts reading it.
 func (s *session) consume(ctx context.Context) (jetstream.MessagesContext, error) {
 	name := usage.StreamName(s.e.cfg.Prefix)
 	var stream jetstream.Stream
@@ -431,13 +565,6 @@ func (s *session) apply(m jetstream.Msg) {
 		s.lagFrom = meta.Timestamp
 	} else {
 		s.lagFrom = time.Time{}
-	}
-	if s.p.empty() {
-		// Nothing to evaluate (a candidate added later starts from 0):
-		// the batch is not even decoded, so a node without candidates
-		// spends next to nothing on the stream. Invalid batches are
-		// counted only while there are candidates.
-		return
 	}
 	b, err := usage.DecodeBatch(m.Data())
 	if err != nil {

@@ -370,3 +370,84 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestEvaluatorStartsAtPutTime: candidates with nothing to resume start at
+// the first record stored after they were put, and an evaluator without
+// candidates reads nothing of the stream. An evaluator started on a stream
+// with history evaluates only what came after the candidates' put; once
+// its candidates are gone it stops reading; candidates put again start at
+// their new put time, not at the records published while it had none.
+func TestEvaluatorStartsAtPutTime(t *testing.T) {
+	s := startServer(t)
+	_, js := connectJS(t, s)
+	kv := installation(t, js, "rl")
+	putDoc(t, kv, "acme-search", liveDoc)
+	recs := genStream(t, 4000, 5)
+	publishBatches(t, js, "rl", "n1", recs[:1000], 100, livePolicyOf) // before any candidate
+	cands := putCandidates(t, kv)
+	before := streamLast(t, js)
+	mid := publishBatches(t, js, "rl", "n1", recs[1000:2000], 100, livePolicyOf)
+	after := streamLast(t, js)
+
+	runEvaluator(t, js, Config{Prefix: "rl", NodeID: "n1"})
+	waitSummaries(t, js, "rl", expected(cands, mid))
+	if d := consumerDelivered(t, js); d != after-before {
+		t.Errorf("the consumer delivered %d messages, want the %d after the candidates' put", d, after-before)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	for _, c := range cands {
+		if err := kv.Delete(ctx, c.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitSummaries(t, js, "rl", map[string]Summary{})
+	publishBatches(t, js, "rl", "n1", recs[2000:3000], 100, livePolicyOf) // while it has none
+	var again []*policies.Policy
+	for _, c := range cands {
+		rev := putDoc(t, kv, c.Name, testCandidates[c.Name])
+		again = append(again, mustPolicy(t, c.Name, rev, testCandidates[c.Name]))
+	}
+	before = streamLast(t, js)
+	post := publishBatches(t, js, "rl", "n1", recs[3000:], 100, livePolicyOf)
+	after = streamLast(t, js)
+	waitSummaries(t, js, "rl", expected(again, post))
+	// A resume resets the consumer, so its count starts again there.
+	if d := consumerDelivered(t, js); d != after-before {
+		t.Errorf("the consumer delivered %d messages since the candidates came back, want %d: none published while there was none", d, after-before)
+	}
+}
+
+// streamLast returns the usage stream's last sequence.
+func streamLast(t *testing.T, js jetstream.JetStream) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	st, err := js.Stream(ctx, usage.StreamName("rl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.LastSeq
+}
+
+// consumerDelivered returns how many messages the evaluator's consumer
+// has delivered.
+func consumerDelivered(t *testing.T, js jetstream.JetStream) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	c, err := js.Consumer(ctx, usage.StreamName("rl"), usage.ShadowConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Delivered.Consumer
+}

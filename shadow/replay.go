@@ -122,6 +122,7 @@ type candidate struct {
 	series  series
 	sweepAt int64 // record time (ns) before which the keys are not swept again
 	scratch []kvstate.State
+	next    kvstate.State // a single limit's new state, before it is kept
 }
 
 // keyState is one limit key's state under a candidate and the would-be
@@ -130,6 +131,9 @@ type keyState struct {
 	key    string // the limit key, in full
 	states []kvstate.State
 	denied uint64
+	// one holds the state of a candidate with one limit (states points
+	// into it): no allocation of its own, and no pointer to chase.
+	one [1]kvstate.State
 }
 
 // NewReplay returns a Replay with no candidates.
@@ -361,12 +365,11 @@ func (c *candidate) apply(maxKeys int, g *keyGroup, idx []byte, rec *usage.Recor
 	if len(c.limits) == 1 {
 		// One limit: decide in place (DecideAll would copy the states).
 		if len(ks.states) == 0 {
-			ks.states = make([]kvstate.State, 1)
+			ks.states = ks.one[:]
 		}
-		var ns kvstate.State
-		d, ns = kvstate.Decide(c.limits[0], ks.states[0], now, rec.Cost)
+		d = kvstate.DecideTo(&c.limits[0], &ks.states[0], now, rec.Cost, &c.next)
 		if d.Allowed {
-			ks.states[0] = ns
+			ks.states[0] = c.next
 		}
 	} else {
 		var out []kvstate.State

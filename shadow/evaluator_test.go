@@ -451,3 +451,26 @@ func consumerDelivered(t *testing.T, js jetstream.JetStream) uint64 {
 	}
 	return info.Delivered.Consumer
 }
+
+// TestEvaluatorWaitsForStream: an evaluator with candidates started before
+// the usage stream exists waits for it, then evaluates what it receives.
+func TestEvaluatorWaitsForStream(t *testing.T) {
+	s := startServer(t)
+	_, js := connectJS(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "rl_policies", History: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands := putCandidates(t, kv)
+	reg := prometheus.NewRegistry()
+	runEvaluator(t, js, Config{Prefix: "rl", NodeID: "n1", Registerer: reg})
+	waitFor(t, "the evaluator leads", func() bool { return metricValue(t, reg, "limitmesh_shadow_leader", nil) == 1 })
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: usage.StreamName("rl"),
+		Subjects: []string{usage.Subjects("rl")}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	stream := publishBatches(t, js, "rl", "n1", genStream(t, 600, 6), 100, livePolicyOf)
+	waitSummaries(t, js, "rl", expected(cands, stream))
+}

@@ -20,22 +20,9 @@ import (
 // applied (the checkpoint's) and starts reading it.
 func (s *session) consume(ctx context.Context) (jetstream.MessagesContext, error) {
 	name := usage.StreamName(s.e.cfg.Prefix)
-	var stream jetstream.Stream
-	for {
-		var err error
-		stream, err = s.e.js.Stream(ctx, name)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			s.e.log.Debug("shadow: open usage stream", "stream", name, "err", err)
-		}
-		if !sleepCtx(ctx, 250*time.Millisecond) {
-			return nil, ctx.Err()
-		}
+	stream, err := s.stream(ctx)
+	if err != nil {
+		return nil, err
 	}
 	if info := stream.CachedInfo(); info != nil && s.applied > info.State.LastSeq {
 		s.e.log.Warn("shadow: the checkpoint is past the stream's end (stream recreated?); counts start again",
@@ -70,6 +57,26 @@ func (s *session) consume(ctx context.Context) (jetstream.MessagesContext, error
 	}
 	s.cons = cons
 	return cons.Messages(jetstream.PullMaxMessages(1000))
+}
+
+// stream opens the usage stream, waiting for it to exist.
+func (s *session) stream(ctx context.Context) (jetstream.Stream, error) {
+	name := usage.StreamName(s.e.cfg.Prefix)
+	for {
+		stream, err := s.e.js.Stream(ctx, name)
+		if err == nil {
+			return stream, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			s.e.log.Debug("shadow: open usage stream", "stream", name, "err", err)
+		}
+		if !sleepCtx(ctx, 250*time.Millisecond) {
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // startReading sets up the consumer (see consume) and a goroutine that
@@ -130,7 +137,11 @@ func (s *session) stopReading() {
 // later.
 func (s *session) resume(ctx context.Context, since time.Time) error {
 	if !since.IsZero() {
-		seq, err := firstSeqAt(ctx, s.e.js, usage.StreamName(s.e.cfg.Prefix), since)
+		stream, err := s.stream(ctx)
+		if err != nil {
+			return err
+		}
+		seq, err := firstSeqAt(ctx, s.e.js, stream, since)
 		if err != nil {
 			return fmt.Errorf("position of %v in %s: %w", since, usage.StreamName(s.e.cfg.Prefix), err)
 		}
@@ -144,14 +155,14 @@ func (s *session) resume(ctx context.Context, since time.Time) error {
 
 // firstSeqAt returns the sequence of stream's first message stored at or
 // after t, or the one the next message will have when there is none.
-func firstSeqAt(ctx context.Context, js jetstream.JetStream, stream string, t time.Time) (uint64, error) {
+func firstSeqAt(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream, t time.Time) (uint64, error) {
 	req, err := json.Marshal(struct {
 		StartTime time.Time `json:"start_time"`
 	}{t.UTC()})
 	if err != nil {
 		return 0, err
 	}
-	msg, err := js.Conn().RequestWithContext(ctx, apiPrefix(js)+"STREAM.MSG.GET."+stream, req)
+	msg, err := js.Conn().RequestWithContext(ctx, apiPrefix(js)+"STREAM.MSG.GET."+stream.CachedInfo().Config.Name, req)
 	if err != nil {
 		return 0, err
 	}
@@ -169,11 +180,7 @@ func firstSeqAt(ctx context.Context, js jetstream.JetStream, stream string, t ti
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
-		st, err := js.Stream(ctx, stream)
-		if err != nil {
-			return 0, err
-		}
-		info, err := st.Info(ctx)
+		info, err := stream.Info(ctx)
 		if err != nil {
 			return 0, err
 		}

@@ -154,8 +154,18 @@ func (s *session) resume(ctx context.Context, since time.Time) error {
 }
 
 // firstSeqAt returns the sequence of stream's first message stored at or
-// after t, or the one the next message will have when there is none.
+// after t (a past instant), or the one the next message will have when
+// there is none.
 func firstSeqAt(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream, t time.Time) (uint64, error) {
+	// The last sequence is read before the message get: when the get
+	// finds nothing stored since t, nothing was stored since this read
+	// either (it came after t), so last+1 is the next message. Read after
+	// the get, it could take in messages stored meanwhile, which would be
+	// skipped.
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
 	req, err := json.Marshal(struct {
 		StartTime time.Time `json:"start_time"`
 	}{t.UTC()})
@@ -180,10 +190,6 @@ func firstSeqAt(ctx context.Context, js jetstream.JetStream, stream jetstream.St
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
-		info, err := stream.Info(ctx)
-		if err != nil {
-			return 0, err
-		}
 		return info.State.LastSeq + 1, nil
 	case resp.Error != nil:
 		return 0, fmt.Errorf("message get: %s (%d)", resp.Error.Description, resp.Error.ErrCode)

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/limitmesh/limitmesh/mesh"
@@ -17,15 +18,17 @@ import (
 // again before use, so they come from below the kernel's ephemeral range
 // (32768 and up on Linux): an outgoing connection of this or another test
 // process, which takes an ephemeral port, can then never grab one between
-// the pick and the bind.
+// the pick and the bind. Nor can another copy of this test binary (two
+// suites at once): each process picks from a range of its own (portRange).
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
+	lo, size := portRange()
 	ports := make([]int, 0, n)
 	for tries := 0; len(ports) < n; tries++ {
 		if tries > 10000 {
 			t.Fatal("no free loopback ports")
 		}
-		p := 20000 + rand.IntN(12000)
+		p := lo + rand.IntN(size)
 		if slices.Contains(ports, p) {
 			continue
 		}
@@ -38,6 +41,31 @@ func freePorts(t *testing.T, n int) []int {
 	}
 	return ports
 }
+
+// Port ranges of the test processes: slot k is [20000+k*1500, +1500),
+// held by the process that listens on 127.0.0.1:19900+k for its lifetime
+// (a listener is a lock the kernel releases when the process dies). A
+// supercluster's ports are picked seconds before its last server binds
+// them; with one range per process, another process's pick meanwhile
+// cannot take one (it did: "server nats-us-1 not ready" under two suites).
+const (
+	portSlots    = 8
+	portSlotSize = 1500
+)
+
+var portRange = sync.OnceValues(func() (lo, size int) {
+	for k := range portSlots {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 19900+k))
+		if err != nil {
+			continue
+		}
+		portSlotLock = l // held until the process exits
+		return 20000 + k*portSlotSize, portSlotSize
+	}
+	return 20000, portSlots * portSlotSize // every slot taken: share the whole range
+})
+
+var portSlotLock net.Listener
 
 // TestReplicatedCluster: three embedded servers in one JetStream cluster,
 // buckets with three replicas, nodes on two different servers: a burst of

@@ -137,7 +137,7 @@ func TestDeploySingleConfRuns(t *testing.T) {
 	}
 	go s.Start()
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	if !s.ReadyForConnections(testTimeout) {
+	if !s.ReadyForConnections(waitTimeout) {
 		t.Fatal("server from single.conf not ready")
 	}
 	nc, err := nats.Connect(s.ClientURL())

@@ -205,7 +205,7 @@ func (pc *proxiedCluster) start(t *testing.T, i int) {
 		t.Fatal(err)
 	}
 	go s.Start()
-	if !s.ReadyForConnections(testTimeout) {
+	if !s.ReadyForConnections(waitTimeout) {
 		t.Fatalf("server %d not ready", i)
 	}
 	pc.servers[i] = s

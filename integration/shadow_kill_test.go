@@ -101,6 +101,19 @@ func TestShadowKillEvaluatorNode(t *testing.T) {
 		cands, names = append(cands, p), append(names, c[0])
 	}
 	waitProcsApplied(t, "tenants", rev, procs...)
+	// A candidate counts what is evaluated after the evaluator took it
+	// up (CONTRACT.md §7): traffic starts once it has all three, so that
+	// the backtests of the whole stream below are the uninterrupted
+	// evaluation. (It once took the last one up after a few records.)
+	waitWithin(t, 60*time.Second, "the evaluator to take the candidates up", func() bool {
+		sums := storedSummaries(js, names)
+		for _, p := range cands {
+			if sums[p.Name].Revision != p.Revision {
+				return false
+			}
+		}
+		return true
+	})
 
 	// Traffic: two requests in flight per process, on 5 tenants x 20
 	// users and, one in five, on regions (matched by no live policy).

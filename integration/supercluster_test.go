@@ -151,7 +151,7 @@ func (r *scRegion) start(t *testing.T, i int) {
 		t.Fatal(err)
 	}
 	go s.Start()
-	if !s.ReadyForConnections(testTimeout) {
+	if !s.ReadyForConnections(waitTimeout) {
 		t.Fatalf("server %s not ready", o.ServerName)
 	}
 	r.servers[i] = s

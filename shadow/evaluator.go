@@ -297,20 +297,22 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 				s.in = nil // the reader ended: its error is on readErr
 				continue
 			}
+			// A change of the candidates that is already waiting takes
+			// effect before the message (select picks at random among
+			// ready cases).
+			select {
+			case list := <-cands:
+				if err := s.candidatesChanged(ctx, list); err != nil {
+					return err
+				}
+			default:
+			}
+			if s.in == nil {
+				continue // no candidate left: the reader stopped and m is dropped
+			}
 			s.apply(m)
 		case list := <-cands:
-			wasIdle := s.p.empty()
-			s.p.setCandidates(list.list)
-			s.dirty = true
-			e.m.candidates.Set(float64(len(list.list)))
-			var err error
-			switch {
-			case wasIdle && !s.p.empty():
-				err = s.resume(ctx, list.since)
-			case !wasIdle && s.p.empty():
-				s.stopReading()
-			}
-			if err != nil {
+			if err := s.candidatesChanged(ctx, list); err != nil {
 				return err
 			}
 		case <-flush.C:
@@ -327,6 +329,22 @@ func (e *Evaluator) lead(ctx context.Context, st *store) error {
 			}
 		}
 	}
+}
+
+// candidatesChanged makes list the candidates, reading the stream again
+// when there were none (resume) and no longer when there are none.
+func (s *session) candidatesChanged(ctx context.Context, list candidateList) error {
+	wasIdle := s.p.empty()
+	s.p.setCandidates(list.list)
+	s.dirty = true
+	s.e.m.candidates.Set(float64(len(list.list)))
+	switch {
+	case wasIdle && !s.p.empty():
+		return s.resume(ctx, list.since)
+	case !wasIdle && s.p.empty():
+		s.stopReading()
+	}
+	return nil
 }
 
 // restore loads the last checkpoint into the Replay. It reports whether

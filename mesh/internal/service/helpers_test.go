@@ -71,6 +71,20 @@ type offline struct {
 
 func offlineService(t testing.TB, store keys.Store, timeout time.Duration, ps ...*policies.Policy) *offline {
 	t.Helper()
+	return offlineServiceOn(t, rt.Real, store, timeout, ps...)
+}
+
+// frozen is the real runtime with a clock that stands still at at.
+type frozen struct {
+	rt.Runtime
+	at time.Time
+}
+
+func (f frozen) Now() time.Time { return f.at }
+
+// offlineServiceOn is offlineService on runtime r.
+func offlineServiceOn(t testing.TB, r rt.Runtime, store keys.Store, timeout time.Duration, ps ...*policies.Policy) *offline {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	set := policyset.New()
 	for _, p := range ps {
@@ -84,9 +98,9 @@ func offlineService(t testing.TB, store keys.Store, timeout time.Duration, ps ..
 	if err != nil {
 		t.Fatal(err)
 	}
-	kt := keys.New(keys.Config{Env: set, Store: store, Runtime: rt.Real, DecisionTimeout: timeout,
+	kt := keys.New(keys.Config{Env: set, Store: store, Runtime: r, DecisionTimeout: timeout,
 		MaxConflicts: 8, TTL: time.Hour, Metrics: km})
-	s := New(Config{Policies: set, Keys: kt, Runtime: rt.Real, DecisionTimeout: timeout, Metrics: sm})
+	s := New(Config{Policies: set, Keys: kt, Runtime: r, DecisionTimeout: timeout, Metrics: sm})
 	return &offline{Service: s, set: set, reg: reg}
 }
 

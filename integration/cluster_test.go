@@ -23,8 +23,7 @@ import (
 //
 // A port is not handed out again for portReuseAfter: a test often picks
 // several sets of ports (routes, then gateways) before it binds any, and
-// the probe cannot see a port picked but not yet bound. (With 1,500 ports
-// a supercluster's 13 picks collided about once in 20 starts.)
+// the probe cannot see a port picked but not yet bound.
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
 	lo, size := portRange()

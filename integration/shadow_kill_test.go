@@ -104,7 +104,7 @@ func TestShadowKillEvaluatorNode(t *testing.T) {
 	// A candidate counts what is evaluated after the evaluator took it
 	// up (CONTRACT.md §7): traffic starts once it has all three, so that
 	// the backtests of the whole stream below are the uninterrupted
-	// evaluation. (It once took the last one up after a few records.)
+	// evaluation.
 	waitWithin(t, 60*time.Second, "the evaluator to take the candidates up", func() bool {
 		sums := storedSummaries(js, names)
 		for _, p := range cands {

@@ -14,8 +14,8 @@ import (
 
 func TestNodeOffline(t *testing.T) {
 	p := tbPolicy(t, "p", 4, "1/h", 2, "")
-	// The clock stands still: on a busy machine 3.6 ms between two
-	// requests refilled a micro-unit of the 1/h bucket.
+	// The clock stands still: a 1/h bucket refills a micro-unit every
+	// 3.6 ms of real time, so exact counts need a clock that does not move.
 	n := offlineServiceOn(t, frozen{rt.Real, time.Now()}, memStore{kvstate.NewMemStore()}, time.Second, p)
 	for i, want := range []string{
 		`{"allowed":true,"policy":"p","revision":4,"remaining":1,`,

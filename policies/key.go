@@ -123,3 +123,124 @@ func appendEscaped(dst []byte, v string) []byte {
 	}
 	return dst
 }
+
+// KeyCarries reports whether key is the literal-form limit key that a
+// policy named policy keying on every dimension of d builds for d: then d
+// can be recovered from key alone with [DescriptorOfKey]. The usage stream
+// leaves out such a descriptor (CONTRACT.md §6a). d must be valid.
+func KeyCarries(key, policy string, d Descriptor) bool {
+	var buf [MaxKeyLen]byte
+	b := append(buf[:0], "p."...)
+	b = append(b, policy...)
+	for _, dim := range d {
+		if len(b) > len(key) {
+			return false
+		}
+		b = append(b, '.')
+		b = append(b, dim.Name...)
+		b = append(b, '=')
+		b = appendEscaped(b, dim.Value)
+	}
+	return string(b) == key
+}
+
+// DescriptorOfKey returns the descriptor a literal-form limit key of the
+// policy named policy carries: one dimension per "name=value" token, the
+// value unescaped. ok is false for a key that is not such a key (another
+// policy's, a digest or overflow key, a key without dimensions) or whose
+// dimensions do not make a valid Descriptor. For every valid d with
+// KeyCarries(key, policy, d), DescriptorOfKey(key, policy) returns d.
+func DescriptorOfKey(key, policy string) (Descriptor, bool) {
+	if len(key) < len(policy)+3 || key[:2] != "p." || key[2:2+len(policy)] != policy || key[2+len(policy)] != '.' {
+		return nil, false
+	}
+	rest := key[3+len(policy):]
+	var dims []Dim
+	for rest != "" {
+		tok := rest
+		if i := indexByte(rest, '.'); i >= 0 {
+			tok, rest = rest[:i], rest[i+1:]
+			if rest == "" {
+				return nil, false
+			}
+		} else {
+			rest = ""
+		}
+		eq := indexByte(tok, '=')
+		if eq <= 0 {
+			return nil, false
+		}
+		v, ok := unescapeValue(tok[eq+1:])
+		if !ok {
+			return nil, false
+		}
+		dims = append(dims, Dim{Name: tok[:eq], Value: v})
+	}
+	for i := 1; i < len(dims); i++ {
+		if dims[i].Name <= dims[i-1].Name {
+			return nil, false // a literal key's dimensions are sorted and unique
+		}
+	}
+	d, err := NewDescriptor(dims)
+	if err != nil {
+		return nil, false
+	}
+	return d, true
+}
+
+func indexByte(s string, c byte) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == c {
+			return i
+		}
+	}
+	return -1
+}
+
+// unescapeValue reverses appendEscaped; ok is false for text appendEscaped
+// never writes (a kept byte outside [A-Za-z0-9-], an escape of a kept
+// byte, upper-case hex).
+func unescapeValue(s string) (string, bool) {
+	plain := true
+	for i := 0; i < len(s); i++ {
+		if !keepByte[s[i]] {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return s, s != ""
+	}
+	out := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if keepByte[c] {
+			out = append(out, c)
+			continue
+		}
+		if c != '_' || i+2 >= len(s) {
+			return "", false
+		}
+		h, l := unhex(s[i+1]), unhex(s[i+2])
+		if h < 0 || l < 0 {
+			return "", false
+		}
+		b := byte(h<<4 | l)
+		if keepByte[b] {
+			return "", false
+		}
+		out = append(out, b)
+		i += 2
+	}
+	return string(out), len(out) > 0
+}
+
+func unhex(c byte) int {
+	switch {
+	case c >= '0' && c <= '9':
+		return int(c - '0')
+	case c >= 'a' && c <= 'f':
+		return int(c-'a') + 10
+	}
+	return -1
+}

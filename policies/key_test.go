@@ -299,3 +299,64 @@ func FuzzLimitKey(f *testing.F) {
 		}
 	})
 }
+
+func TestDescriptorOfKeyRoundTrip(t *testing.T) {
+	cases := []struct {
+		policy string
+		dims   []Dim
+	}{
+		{"acme-search", []Dim{{"tenant", "acme"}, {"operation", "search"}, {"plan", "v7"}}},
+		{"t", []Dim{{"tenant", "acme.eu_1"}}},
+		{"t", []Dim{{"tenant", "a b=c/d"}}},
+		{"t", []Dim{{"tenant", "ü*"}}},
+		{"j5", []Dim{{"k", "-"}}},
+	}
+	for _, c := range cases {
+		d, err := NewDescriptor(append([]Dim(nil), c.dims...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := "p." + c.policy
+		for _, dim := range d {
+			key += "." + dim.Name + "=" + string(appendEscaped(nil, dim.Value))
+		}
+		if !KeyCarries(key, c.policy, d) {
+			t.Fatalf("KeyCarries(%q, %q, %v) = false", key, c.policy, d)
+		}
+		got, ok := DescriptorOfKey(key, c.policy)
+		if !ok || len(got) != len(d) {
+			t.Fatalf("DescriptorOfKey(%q) = %v, %v; want %v", key, got, ok, d)
+		}
+		for i := range d {
+			if got[i] != d[i] {
+				t.Fatalf("DescriptorOfKey(%q) = %v; want %v", key, got, d)
+			}
+		}
+	}
+	// Keys that carry no descriptor.
+	for _, k := range []string{"p.t", "p.t._overflow", "p.t._h" + strings.Repeat("0", 64), "p.u.tenant=a",
+		"p.t.tenant=", "p.t.tenant=a.", "p.t.tenant=_2", "p.t.tenant=_41", "p.t.tenant=_2E", "p.t.b=1.a=2", "p.t.a=1.a=2", "p.t.tenant=a_g1"} {
+		if d, ok := DescriptorOfKey(k, "t"); ok {
+			t.Errorf("DescriptorOfKey(%q) = %v, true; want false", k, d)
+		}
+	}
+	// A descriptor with a dimension the key does not hold is not carried.
+	d, _ := NewDescriptor([]Dim{{"tenant", "a"}, {"user", "u"}})
+	if KeyCarries("p.t.tenant=a", "t", d) {
+		t.Error("KeyCarries ignored a dimension outside the key")
+	}
+}
+
+func FuzzDescriptorOfKey(f *testing.F) {
+	f.Add("p.t.tenant=acme_2eeu_5f1", "t")
+	f.Add("p.acme-search.operation=search.plan=v7.tenant=acme", "acme-search")
+	f.Fuzz(func(t *testing.T, key, policy string) {
+		d, ok := DescriptorOfKey(key, policy)
+		if !ok {
+			return
+		}
+		if !KeyCarries(key, policy, d) {
+			t.Fatalf("DescriptorOfKey(%q, %q) = %v, but KeyCarries is false", key, policy, d)
+		}
+	})
+}

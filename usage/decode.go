@@ -104,6 +104,7 @@ func (d *decoder) batch() (Batch, error) {
 	var (
 		b    Batch
 		seen uint8
+		g    groupedRaw
 	)
 	const (
 		fNode = 1 << iota
@@ -120,7 +121,7 @@ func (d *decoder) batch() (Batch, error) {
 		case "records":
 			bit = fRecords
 		default:
-			return false, nil
+			return d.groupedField(name, &g)
 		}
 		at := top.with(name)
 		if seen&bit != 0 {
@@ -155,8 +156,15 @@ func (d *decoder) batch() (Batch, error) {
 		return Batch{}, fail(top.with("node"), "missing")
 	case seen&fPolicy == 0:
 		return Batch{}, fail(top.with("policy"), "missing")
-	case seen&fRecords == 0:
-		return Batch{}, fail(top.with("records"), "missing")
+	case seen&fRecords != 0 && g.seen != 0:
+		return Batch{}, fail(top.with("records"), `given with the fields of records grouped by key ("keys"...)`)
+	case seen&fRecords == 0 && g.seen == 0:
+		return Batch{}, fail(top.with("records"), `missing (or "keys")`)
+	case g.seen != 0:
+		if err := d.assemble(&b, &g); err != nil {
+			return Batch{}, err
+		}
+		return b, nil
 	}
 	// A key is "" exactly for the decisions no policy matched.
 	for i := range b.Records {

@@ -31,8 +31,11 @@ type PublisherConfig struct {
 	// while JetStream is slow or unreachable; Add drops and counts what
 	// exceeds it. Default 1,000,000.
 	MaxBuffered int
-	// MaxBatch is the most records in one message; default 1000. A policy
-	// whose buffer reaches it is published before the interval ends.
+	// MaxBatch is the most records in one message; default 20,000. A
+	// policy whose buffer reaches it is published before the interval
+	// ends. A message is also at most 768 KiB (less when the server's
+	// payload limit is lower): records grouped by key (CONTRACT.md §6a)
+	// take 10 to 40 bytes each, their key's fields once per message.
 	MaxBatch int
 	// Timeout bounds one publish attempt; default 5 s. A failed attempt is
 	// retried (same Nats-Msg-Id) until it succeeds or Close gives up.
@@ -45,7 +48,7 @@ type PublisherConfig struct {
 const (
 	DefaultInterval    = 250 * time.Millisecond
 	DefaultMaxBuffered = 1_000_000
-	DefaultMaxBatch    = 1000
+	DefaultMaxBatch    = 20_000
 	DefaultTimeout     = 5 * time.Second
 )
 
@@ -77,8 +80,8 @@ type Publisher struct {
 	closed   bool
 	isClosed atomic.Bool
 
-	held   atomic.Int64  // records accepted and not yet acknowledged or given up
-	nextID atomic.Uint64 // the last ordinary id number handed out
+	held     atomic.Int64 // records accepted and not yet acknowledged or given up
+	maxBytes int          // the most bytes of a message
 
 	jmu      sync.Mutex
 	journals map[originKey]JournalPos // per origin, the last journalled record accepted (AddJournal)
@@ -99,11 +102,13 @@ type Publisher struct {
 // originKey names an origin, <node>.<boot>, without building the string.
 type originKey struct{ node, boot string }
 
-// entry is a buffered record; n is its ordinary id number (when r.ID is
-// "").
+// entry is a buffered record. A journalled record has its origin
+// (node, boot) and position; an ordinary one has node "" and gets its id
+// from its message (<batch>.<i>) unless r.ID names one.
 type entry struct {
-	r Record
-	n uint64
+	r          Record
+	node, boot string
+	pos        JournalPos
 }
 
 // subjectBuf is the buffer and send queue of one policy subject.
@@ -167,6 +172,12 @@ func NewPublisher(js jetstream.JetStream, cfg PublisherConfig) (*Publisher, erro
 		stop:     make(chan struct{}),
 		l:        log.With("component", "usage-publisher"),
 	}
+	p.maxBytes = maxGroupedBytes
+	if nc := js.Conn(); nc != nil {
+		if mp := int(nc.MaxPayload()); mp > 0 && mp-4096 < p.maxBytes {
+			p.maxBytes = max(mp-4096, 1024)
+		}
+	}
 	m, err := newPublisherMetrics(cfg.Registerer, func() float64 { return float64(p.held.Load()) })
 	if err != nil {
 		return nil, err
@@ -184,12 +195,6 @@ func (p *Publisher) Boot() string { return p.cfg.Boot }
 
 // Origin is "<node>.<boot>", the prefix of the ids this publisher makes.
 func (p *Publisher) Origin() string { return p.cfg.Node + "." + p.cfg.Boot }
-
-// NewID returns a fresh ordinary id, <node>.<boot>.<n>. Add makes one
-// itself (without allocating) for a record whose ID is "".
-func (p *Publisher) NewID() string {
-	return p.idPrefix + strconv.FormatUint(p.nextID.Add(1), 10)
-}
 
 // JournalID returns the id of the record journalled by this process at
 // index idx of journal message jseq: <node>.<boot>.j<jseq>.<idx>.
@@ -211,6 +216,19 @@ func (p *Publisher) JournalID(jseq uint64, idx uint32) string {
 // that needs an order (journalled records, by (jseq, idx)) makes those
 // calls one after the other.
 func (p *Publisher) Add(policy string, r Record) bool {
+	e := entry{r: r}
+	if r.ID != "" {
+		if origin, pos, ok := ParseJournalID(r.ID); ok {
+			if i := lastDot(origin); i > 0 {
+				e.node, e.boot, e.pos, e.r.ID = origin[:i], origin[i+1:], pos, ""
+			}
+		}
+	}
+	return p.add(policy, e)
+}
+
+// add queues e on policy's subject (see Add).
+func (p *Publisher) add(policy string, e entry) bool {
 	if p.isClosed.Load() {
 		p.m.droppedClosed.Inc()
 		return false
@@ -226,10 +244,6 @@ func (p *Publisher) Add(policy string, r Record) bool {
 		p.m.droppedOverflow.Inc()
 		return false
 	}
-	var n uint64
-	if r.ID == "" {
-		n = p.nextID.Add(1)
-	}
 	sb.mu.Lock()
 	if sb.closed {
 		sb.mu.Unlock()
@@ -237,7 +251,7 @@ func (p *Publisher) Add(policy string, r Record) bool {
 		p.m.droppedClosed.Inc()
 		return false
 	}
-	sb.cur = append(sb.cur, entry{r: r, n: n})
+	sb.cur = append(sb.cur, e)
 	sb.added++
 	full := len(sb.cur) == p.cfg.MaxBatch
 	sb.mu.Unlock()
@@ -268,8 +282,8 @@ func (p *Publisher) AddJournal(policy, node, boot string, pos JournalPos, r Reco
 	if last, ok := p.journals[k]; ok && !last.Less(pos) {
 		return true
 	}
-	r.ID = JournalID(node, boot, pos.JSeq, pos.Idx)
-	if !p.Add(policy, r) {
+	r.ID = ""
+	if !p.add(policy, entry{r: r, node: node, boot: boot, pos: pos}) {
 		return false
 	}
 	p.journals[k] = pos
@@ -364,7 +378,10 @@ const maxFree = 4
 // MaxBatch records per message, each until it is acknowledged.
 func (p *Publisher) send(sb *subjectBuf) {
 	defer p.wg.Done()
-	var buf []byte
+	var (
+		buf []byte
+		enc groupEncoder
+	)
 	msg := &nats.Msg{Subject: sb.subject, Header: nats.Header{}}
 	for {
 		select {
@@ -379,12 +396,13 @@ func (p *Publisher) send(sb *subjectBuf) {
 		for ci, chunk := range chunks {
 			for len(chunk) > 0 {
 				sb.seq++
+				batch := p.idPrefix + sb.policyToken() + "." + strconv.FormatUint(sb.seq, 10)
 				var n int
-				buf, n = p.encode(buf[:0], sb, chunk)
+				buf, n = enc.encode(buf[:0], p.cfg.Node, sb.policy, batch, chunk, p.cfg.MaxBatch, p.maxBytes)
 				part := chunk[:n]
 				chunk = chunk[n:]
 				msg.Data = buf
-				msg.Header.Set(jetstream.MsgIDHeader, p.idPrefix+sb.policyToken()+"."+strconv.FormatUint(sb.seq, 10))
+				msg.Header.Set(jetstream.MsgIDHeader, batch)
 				err := p.publish(msg)
 				var allowed int
 				for i := range part {
@@ -419,27 +437,6 @@ func (sb *subjectBuf) policyToken() string {
 		return UnmatchedToken
 	}
 	return sb.policy
-}
-
-// MaxBatchBytes is the size above which a message takes no more records
-// (a record is at most a few KiB, so a message stays well below NATS's
-// default 1 MiB payload limit).
-const MaxBatchBytes = 256 << 10
-
-// encode writes a batch of the first records of entries (at most MaxBatch,
-// and no more once MaxBatchBytes are written) and returns it with the
-// number of records it holds (at least 1).
-func (p *Publisher) encode(dst []byte, sb *subjectBuf, entries []entry) ([]byte, int) {
-	dst = appendBatchHead(dst, p.cfg.Node, sb.policy)
-	n := 0
-	for n < len(entries) && n < p.cfg.MaxBatch && (n == 0 || len(dst) < MaxBatchBytes) {
-		if n > 0 {
-			dst = append(dst, ',')
-		}
-		dst = appendRecord(dst, &entries[n].r, p.idPrefix, entries[n].n)
-		n++
-	}
-	return append(dst, "]}"...), n
 }
 
 // publish publishes msg until the stream acknowledges it; it gives up

@@ -2,7 +2,7 @@ package usage
 
 import (
 	"context"
-	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -104,7 +104,8 @@ func testRecord(t testing.TB, policy string, i int) Record {
 }
 
 // Records reach the stream once each, in Add order per subject, with the
-// ids the publisher made or was given, and unique Nats-Msg-Ids.
+// ids they were given or their message's (<Nats-Msg-Id>.<index>), and
+// unique Nats-Msg-Ids.
 func TestPublisherOrderAndIDs(t *testing.T) {
 	ts := startServer(t)
 	_, js := ts.connect(t)
@@ -115,7 +116,7 @@ func TestPublisherOrderAndIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	policies := []string{"acme", "birch", ""}
-	want := map[string][]string{}
+	want := map[string][]Record{}
 	for i := 0; i < 3000; i++ {
 		pol := policies[i%3]
 		r := testRecord(t, pol, i)
@@ -125,15 +126,12 @@ func TestPublisherOrderAndIDs(t *testing.T) {
 		if !p.Add(pol, r) {
 			t.Fatal("Add refused")
 		}
-		if r.ID == "" {
-			r.ID = fmt.Sprintf("n1.b0.%d", len(want["acme"])+len(want[""])+1)
-		}
-		want[pol] = append(want[pol], r.ID)
+		want[pol] = append(want[pol], r)
 	}
 	if err := p.Sync(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
-	got := map[string][]string{}
+	got := map[string][]Record{}
 	msgIDs := map[string]bool{}
 	for _, sb := range readStream(t, js, "rl") {
 		if msgIDs[sb.msgID] || sb.msgID == "" {
@@ -146,14 +144,20 @@ func TestPublisherOrderAndIDs(t *testing.T) {
 		if len(sb.b.Records) > 100 {
 			t.Fatalf("%d records in one message", len(sb.b.Records))
 		}
-		for _, r := range sb.b.Records {
-			got[sb.b.Policy] = append(got[sb.b.Policy], r.ID)
+		for i, r := range sb.b.Records {
+			w := want[sb.b.Policy][len(got[sb.b.Policy])]
+			if w.ID == "" {
+				w.ID = sb.msgID + "." + strconv.Itoa(i)
+			}
+			if !reflect.DeepEqual(r, w) {
+				t.Fatalf("policy %q record %d: got %+v, want %+v", sb.b.Policy, len(got[sb.b.Policy]), r, w)
+			}
+			got[sb.b.Policy] = append(got[sb.b.Policy], r)
 		}
 	}
-	// Ordinary ids are numbered in Add order across policies.
 	for _, pol := range policies {
-		if strings.Join(got[pol], " ") != strings.Join(want[pol], " ") {
-			t.Fatalf("policy %q: got %d ids %v...\nwant %d %v...", pol, len(got[pol]), head(got[pol]), len(want[pol]), head(want[pol]))
+		if len(got[pol]) != len(want[pol]) {
+			t.Fatalf("policy %q: got %d records, want %d", pol, len(got[pol]), len(want[pol]))
 		}
 	}
 	if v := counterValue(t, reg, "limitmesh_usage_records_total", map[string]string{"policy": "acme", "result": "denied"}); v != 1000 {

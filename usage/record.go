@@ -29,6 +29,15 @@ type Batch struct {
 	Node    string
 	Policy  string
 	Records []Record
+
+	// Groups are the groups of a grouped message (CONTRACT.md §6a), nil
+	// for a v1.1 message; Records are its decisions all the same.
+	Groups []KeyGroup
+
+	groupOf []int32      // per record: its group (grouped messages)
+	jOrigin []int32      // per record: its origin in origins, -1: not journalled; nil: none is
+	jPos    []JournalPos // per record: its journal position
+	origins []string
 }
 
 // Field limits of the usage stream.

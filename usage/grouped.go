@@ -1,0 +1,411 @@
+package usage
+
+import (
+	"math"
+	"strconv"
+
+	"github.com/limitmesh/limitmesh/policies"
+)
+
+// Records grouped by key (CONTRACT.md §6a; the exact shape is in
+// docs/contract.md, "Usage message, grouped"). A message holds one batch
+// of decisions of one policy in the order the publisher took them:
+//
+//	{"node":"n1","policy":"p","batch":"n1.<boot>.p.17","t_us":T,"span_us":S,"n":3,
+//	 "keys":[{"key":"p.p.tenant=a","revision":4,"allowed":2,"allowed_units":"2","cost":1,"results":"aA"},
+//	         {"key":"p.p.tenant=b","revision":4,"denied":1,"denied_units":"2.5","cost":2.5,"results":"d"}],
+//	 "order":[0,1,0],"dt_us":[0,12,3],
+//	 "origins":["n1.<boot>"],"journal":[0,8812,4,1],
+//	 "request_ids":[[2,"7f1c2e"]]}
+//
+// A group is one (key, revision, descriptor): its descriptor is left out
+// when the key carries it (policies.KeyCarries). Its totals are omitted
+// when 0. "results" has a letter per decision of the group, in batch
+// order: a (allowed), d (denied), upper case when the decision is
+// journalled. "order" names each decision's group, "dt_us" its time minus
+// the previous decision's (the first: minus t_us, the earliest time; every
+// time lies in [t_us, t_us+span_us]). Journalled decisions take, in batch
+// order, the positions of "journal": runs of four numbers (origin index,
+// journal sequence, first index, count). Ids: a journalled decision's is
+// <origin>.j<jseq>.<idx>, an ordinary one's <batch>.<i> (i its index in
+// the batch) unless "ids" names it ([[i,"id"],...]).
+
+// maxGroupedBytes is the most bytes a grouped message is made of (below
+// NATS's default payload limit of 1 MiB, with room for headers). The
+// publisher takes less when the server's limit is lower.
+const maxGroupedBytes = 768 << 10
+
+// maxBatchIDLen is the most bytes of a batch id: its ordinary record ids,
+// <batch>.<i>, stay within MaxIDLen.
+const maxBatchIDLen = MaxIDLen - 12
+
+// groupEncoder writes grouped messages; one per sender, reused.
+type groupEncoder struct {
+	first   map[string]int32 // key -> its first group
+	groups  []encGroup
+	order   []int32 // per decision: its group
+	sorted  []int32 // decisions by group, in batch order within a group
+	origins map[originKey]int32
+	olist   []originKey
+}
+
+// encGroup is one group being written.
+type encGroup struct {
+	r                 *Record // its first decision: key, revision, descriptor
+	next              int32   // the next group of the same key; -1: none
+	n, start, fill    int32   // decisions; where they start in sorted; the fill's cursor
+	allowed, denied   int64   // decisions
+	allowedU, deniedU int64   // micro-units
+	cost              int64   // the first decision's
+	uniform           bool    // every decision costs cost
+}
+
+// groupedRecord is the fixed part of a group's JSON, a bound for the size
+// estimate: field names, punctuation and numbers at their widest.
+const groupedGroupBytes = 220
+
+// groupedDecisionBytes bounds the bytes a decision adds outside its
+// request_id: its group index, time delta, result letter, cost and a
+// journal run of its own.
+const groupedDecisionBytes = 100
+
+func (g *groupEncoder) reset() {
+	if g.first == nil {
+		g.first = make(map[string]int32)
+		g.origins = make(map[originKey]int32)
+	}
+	clear(g.first)
+	clear(g.origins)
+	g.groups = g.groups[:0]
+	g.order = g.order[:0]
+	g.sorted = g.sorted[:0]
+	g.olist = g.olist[:0]
+}
+
+// group returns the group of r, adding one when none fits (same key,
+// revision and descriptor, and room in its unit sums).
+func (g *groupEncoder) group(r *Record) int32 {
+	gi, ok := g.first[r.Key]
+	last := int32(-1)
+	if ok {
+		for i := gi; i >= 0; i = g.groups[i].next {
+			e := &g.groups[i]
+			last = i
+			if e.r.Revision != r.Revision || !sameDescriptor(e.r.Descriptor, r.Descriptor) {
+				continue
+			}
+			if r.Allowed && e.allowedU > math.MaxInt64-r.Cost || !r.Allowed && e.deniedU > math.MaxInt64-r.Cost {
+				continue
+			}
+			return i
+		}
+	}
+	ni := int32(len(g.groups))
+	g.groups = append(g.groups, encGroup{r: r, next: -1, cost: r.Cost, uniform: true})
+	if last >= 0 {
+		g.groups[last].next = ni
+	} else {
+		g.first[r.Key] = ni
+	}
+	return ni
+}
+
+func sameDescriptor(a, b policies.Descriptor) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// groupBytes bounds the JSON of a new group of r.
+func groupBytes(r *Record) int {
+	n := groupedGroupBytes + 6*len(r.Key)
+	for _, d := range r.Descriptor {
+		n += 6 + 6*len(d.Name) + 6*len(d.Value)
+	}
+	return n
+}
+
+// encode writes the grouped message of the first entries of es (at most
+// maxN, and no more than maxBytes unless one decision alone is more) and
+// returns it with the number of decisions it holds (at least 1 when es is
+// not empty). batch is the message's Nats-Msg-Id.
+func (g *groupEncoder) encode(dst []byte, node, policy, batch string, es []entry, maxN, maxBytes int) ([]byte, int) {
+	g.reset()
+	est := 300 + 2*len(node) + len(policy) + len(batch)
+	n := 0
+	var tMin, tMax int64
+	for n < len(es) && n < maxN {
+		r := &es[n].r
+		add := groupedDecisionBytes + 6*len(r.RequestID) + 6*len(r.ID) + 6*len(es[n].node) + 6*len(es[n].boot)
+		if n > 0 && est+add+groupBytes(r) > maxBytes {
+			break
+		}
+		gi := g.group(r)
+		e := &g.groups[gi]
+		if e.n == 0 {
+			add += groupBytes(r)
+		}
+		est += add
+		e.n++
+		if r.Cost != e.cost {
+			e.uniform = false
+		}
+		if r.Allowed {
+			e.allowed++
+			e.allowedU += r.Cost
+		} else {
+			e.denied++
+			e.deniedU += r.Cost
+		}
+		if n == 0 || r.TimeUs < tMin {
+			tMin = r.TimeUs
+		}
+		if n == 0 || r.TimeUs > tMax {
+			tMax = r.TimeUs
+		}
+		g.order = append(g.order, gi)
+		n++
+	}
+	// Decisions by group: offsets, then a stable fill.
+	var off int32
+	for i := range g.groups {
+		g.groups[i].start, g.groups[i].fill = off, off
+		off += g.groups[i].n
+	}
+	g.sorted = append(g.sorted[:0], make([]int32, n)...)
+	for i, gi := range g.order {
+		e := &g.groups[gi]
+		g.sorted[e.fill] = int32(i)
+		e.fill++
+	}
+
+	dst = append(dst, `{"node":`...)
+	dst = appendString(dst, node)
+	dst = append(dst, `,"policy":`...)
+	dst = appendString(dst, policy)
+	dst = append(dst, `,"batch":`...)
+	dst = appendString(dst, batch)
+	dst = append(dst, `,"t_us":`...)
+	dst = strconv.AppendInt(dst, tMin, 10)
+	dst = append(dst, `,"span_us":`...)
+	dst = strconv.AppendInt(dst, tMax-tMin, 10)
+	dst = append(dst, `,"n":`...)
+	dst = strconv.AppendInt(dst, int64(n), 10)
+	dst = append(dst, `,"keys":[`...)
+	for gi := range g.groups {
+		e := &g.groups[gi]
+		if gi > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"key":`...)
+		dst = appendString(dst, e.r.Key)
+		dst = append(dst, `,"revision":`...)
+		dst = strconv.AppendUint(dst, e.r.Revision, 10)
+		if !(policy != "" && policies.KeyCarries(e.r.Key, policy, e.r.Descriptor)) {
+			dst = append(dst, `,"descriptor":{`...)
+			for i, d := range e.r.Descriptor {
+				if i > 0 {
+					dst = append(dst, ',')
+				}
+				dst = appendString(dst, d.Name)
+				dst = append(dst, ':')
+				dst = appendString(dst, d.Value)
+			}
+			dst = append(dst, '}')
+		}
+		if e.allowed > 0 {
+			dst = append(dst, `,"allowed":`...)
+			dst = strconv.AppendInt(dst, e.allowed, 10)
+			dst = append(dst, `,"allowed_units":"`...)
+			dst = appendMicro(dst, e.allowedU)
+			dst = append(dst, '"')
+		}
+		if e.denied > 0 {
+			dst = append(dst, `,"denied":`...)
+			dst = strconv.AppendInt(dst, e.denied, 10)
+			dst = append(dst, `,"denied_units":"`...)
+			dst = appendMicro(dst, e.deniedU)
+			dst = append(dst, '"')
+		}
+		members := g.sorted[e.start : e.start+e.n]
+		if e.uniform {
+			dst = append(dst, `,"cost":`...)
+			dst = appendMicro(dst, e.cost)
+		} else {
+			dst = append(dst, `,"costs":[`...)
+			for i, di := range members {
+				if i > 0 {
+					dst = append(dst, ',')
+				}
+				dst = appendMicro(dst, es[di].r.Cost)
+			}
+			dst = append(dst, ']')
+		}
+		dst = append(dst, `,"results":"`...)
+		for _, di := range members {
+			c := byte('d')
+			if es[di].r.Allowed {
+				c = 'a'
+			}
+			if es[di].node != "" {
+				c -= 'a' - 'A'
+			}
+			dst = append(dst, c)
+		}
+		dst = append(dst, `"}`...)
+	}
+	dst = append(dst, `],"order":[`...)
+	for i, gi := range g.order {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendInt(dst, int64(gi), 10)
+	}
+	dst = append(dst, `],"dt_us":[`...)
+	prev := tMin
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		t := es[i].r.TimeUs
+		dst = strconv.AppendInt(dst, t-prev, 10)
+		prev = t
+	}
+	dst = append(dst, ']')
+	dst = g.appendJournal(dst, es[:n])
+	dst = appendIndexed(dst, `,"request_ids":[`, es[:n], func(e *entry) string { return e.r.RequestID })
+	dst = appendIndexed(dst, `,"ids":[`, es[:n], func(e *entry) string {
+		if e.node != "" {
+			return ""
+		}
+		return e.r.ID
+	})
+	return append(dst, '}'), n
+}
+
+// appendJournal writes "origins" and "journal" when some decision of es
+// is journalled.
+func (g *groupEncoder) appendJournal(dst []byte, es []entry) []byte {
+	type run struct {
+		o          int32
+		jseq       uint64
+		idx, count uint64
+	}
+	var (
+		runs []run
+		last originKey
+		lo   int32 = -1
+	)
+	for i := range es {
+		e := &es[i]
+		if e.node == "" {
+			continue
+		}
+		k := originKey{e.node, e.boot}
+		if lo < 0 || k != last {
+			oi, ok := g.origins[k]
+			if !ok {
+				oi = int32(len(g.olist))
+				g.olist = append(g.olist, k)
+				g.origins[k] = oi
+			}
+			last, lo = k, oi
+		}
+		if n := len(runs); n > 0 {
+			r := &runs[n-1]
+			if r.o == lo && r.jseq == e.pos.JSeq && r.idx+r.count == uint64(e.pos.Idx) {
+				r.count++
+				continue
+			}
+		}
+		runs = append(runs, run{lo, e.pos.JSeq, uint64(e.pos.Idx), 1})
+	}
+	if len(runs) == 0 {
+		return dst
+	}
+	dst = append(dst, `,"origins":[`...)
+	for i, o := range g.olist {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendString(dst, o.node+"."+o.boot)
+	}
+	dst = append(dst, `],"journal":[`...)
+	for i, r := range runs {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendInt(dst, int64(r.o), 10)
+		dst = append(dst, ',')
+		dst = strconv.AppendUint(dst, r.jseq, 10)
+		dst = append(dst, ',')
+		dst = strconv.AppendUint(dst, r.idx, 10)
+		dst = append(dst, ',')
+		dst = strconv.AppendUint(dst, r.count, 10)
+	}
+	return append(dst, ']')
+}
+
+// appendIndexed writes field (its name and '[' included) as pairs
+// [i, "value"] for the decisions whose value is not "", or nothing when
+// none has one.
+func appendIndexed(dst []byte, field string, es []entry, value func(*entry) string) []byte {
+	any := false
+	for i := range es {
+		v := value(&es[i])
+		if v == "" {
+			continue
+		}
+		if !any {
+			dst = append(dst, field...)
+			any = true
+		} else {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, '[')
+		dst = strconv.AppendInt(dst, int64(i), 10)
+		dst = append(dst, ',')
+		dst = appendString(dst, v)
+		dst = append(dst, ']')
+	}
+	if any {
+		dst = append(dst, ']')
+	}
+	return dst
+}
+
+// EncodeGrouped returns the grouped message (CONTRACT.md §6a) of records,
+// published by node as batch (its Nats-Msg-Id) for policy, all of them in
+// one message. A record whose ID is a journalled id (ParseJournalID) is
+// written as journalled, one whose ID is "" gets <batch>.<i>, any other ID
+// is kept. It is the publisher's encoding, for tests and tools.
+func EncodeGrouped(node, policy, batch string, records []Record) []byte {
+	es := make([]entry, len(records))
+	for i, r := range records {
+		es[i].r = r
+		if origin, pos, ok := ParseJournalID(r.ID); ok {
+			if j := lastDot(origin); j > 0 {
+				es[i].node, es[i].boot, es[i].pos = origin[:j], origin[j+1:], pos
+				es[i].r.ID = ""
+			}
+		}
+	}
+	var g groupEncoder
+	out, _ := g.encode(nil, node, policy, batch, es, len(es), math.MaxInt)
+	return out
+}
+
+func lastDot(s string) int {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '.' {
+			return i
+		}
+	}
+	return -1
+}

@@ -1,0 +1,212 @@
+package usage
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	"pgregory.net/rapid"
+
+	"github.com/limitmesh/limitmesh/policies"
+)
+
+// genRecords draws the decisions of one batch of policy: a few keys, some
+// with descriptors their key carries, some not; revisions, costs and
+// results vary; some are journalled by one of two origins (in increasing
+// position per origin, as the publisher takes them), some have request
+// ids or ids of their own.
+func genRecords(t *rapid.T, policy string) []Record {
+	n := rapid.IntRange(1, 200).Draw(t, "n")
+	nkeys := rapid.IntRange(1, 8).Draw(t, "keys")
+	t0 := rapid.Int64Range(5000, 1<<52).Draw(t, "t0")
+	origins := []string{"n1.b1", "n2.b9"}
+	pos := []JournalPos{{JSeq: 10}, {JSeq: 500, Idx: 3}}
+	var out []Record
+	for i := 0; i < n; i++ {
+		k := rapid.IntRange(0, nkeys-1).Draw(t, "key")
+		r := Record{
+			TimeUs:   t0 + rapid.Int64Range(-5000, 5000).Draw(t, "dt"),
+			Revision: uint64(rapid.IntRange(1, 2).Draw(t, "rev")),
+			Cost:     []int64{1_000_000, 1_000_000, 2_500_000, 1, 1_000_000_000_000_000}[rapid.IntRange(0, 4).Draw(t, "cost")],
+			Allowed:  rapid.Bool().Draw(t, "allowed"),
+		}
+		val := "v" + strconv.Itoa(k)
+		if k%3 == 2 {
+			val = "a.b_" + strconv.Itoa(k) // escaped in the key
+		}
+		switch {
+		case policy == "":
+			r.Descriptor = mustDesc(t, "tenant", val)
+		case k%4 == 3: // a dimension the key does not hold
+			r.Key = "p." + policy + ".tenant=" + string(escapeForTest(val))
+			r.Descriptor = mustDesc(t, "tenant", val, "user", "u"+strconv.Itoa(rapid.IntRange(0, 2).Draw(t, "user")))
+		default:
+			r.Key = "p." + policy + ".tenant=" + string(escapeForTest(val))
+			r.Descriptor = mustDesc(t, "tenant", val)
+		}
+		switch rapid.IntRange(0, 5).Draw(t, "id") {
+		case 0, 1:
+			o := rapid.IntRange(0, 1).Draw(t, "origin")
+			if rapid.IntRange(0, 3).Draw(t, "jump") == 0 {
+				pos[o].JSeq += uint64(rapid.IntRange(1, 3).Draw(t, "jseq"))
+				pos[o].Idx = 0
+			}
+			node, boot, _ := strings.Cut(origins[o], ".")
+			r.ID = JournalID(node, boot, pos[o].JSeq, pos[o].Idx)
+			pos[o].Idx += uint32(rapid.IntRange(1, 2).Draw(t, "idx"))
+		case 2:
+			r.ID = "custom-" + strconv.Itoa(i)
+		}
+		if rapid.IntRange(0, 4).Draw(t, "rid") == 0 {
+			r.RequestID = "req \"" + strconv.Itoa(i) + "\" ü"
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func mustDesc(t *rapid.T, kv ...string) policies.Descriptor {
+	var dims []policies.Dim
+	for i := 0; i < len(kv); i += 2 {
+		dims = append(dims, policies.Dim{Name: kv[i], Value: kv[i+1]})
+	}
+	d, err := policies.NewDescriptor(dims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// escapeForTest escapes a value as KEYS.md says.
+func escapeForTest(v string) []byte {
+	var out []byte
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' {
+			out = append(out, c)
+		} else {
+			out = append(out, '_', "0123456789abcdef"[c>>4], "0123456789abcdef"[c&15])
+		}
+	}
+	return out
+}
+
+// withDerivedIDs returns records with the ids a grouped message of batch
+// gives the records that have none.
+func withDerivedIDs(records []Record, batch string) []Record {
+	out := append([]Record(nil), records...)
+	for i := range out {
+		if out[i].ID == "" {
+			out[i].ID = batch + "." + strconv.Itoa(i)
+		}
+	}
+	return out
+}
+
+// Every v1.1 field of every decision comes back from a grouped message,
+// exactly (CONTRACT.md §6a), and its groups' totals are its decisions'.
+func TestGroupedRoundTrip(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		policy := rapid.SampledFrom([]string{"acme", "", "j5"}).Draw(t, "policy")
+		records := genRecords(t, policy)
+		const batch = "n1.b1.acme.7"
+		data := EncodeGrouped("n1", policy, batch, records)
+		if !json.Valid(data) {
+			t.Fatalf("not JSON: %s", data)
+		}
+		b, err := DecodeBatch(data)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, data)
+		}
+		want := withDerivedIDs(records, batch)
+		if b.Node != "n1" || b.Policy != policy || !reflect.DeepEqual(b.Records, want) {
+			t.Fatalf("round trip of %s\n got %+v\nwant %+v", data, b.Records, want)
+		}
+		// The v1.1 view is the same bytes as the records encoded one by one.
+		if v1, v2 := AppendBatch(nil, &Batch{Node: "n1", Policy: policy, Records: want}), AppendBatch(nil, &b); string(v1) != string(v2) {
+			t.Fatalf("v1.1 views differ:\n%s\n%s", v1, v2)
+		}
+		var sumA, sumD int64
+		for _, g := range b.Groups {
+			sumA += g.Allowed
+			sumD += g.Denied
+		}
+		var a, d int64
+		for _, r := range records {
+			if r.Allowed {
+				a++
+			} else {
+				d++
+			}
+		}
+		if sumA != a || sumD != d {
+			t.Fatalf("groups hold %d allowed, %d denied; the records %d, %d", sumA, sumD, a, d)
+		}
+	})
+}
+
+// A grouped message that contradicts itself is refused, naming the field.
+func TestGroupedRejects(t *testing.T) {
+	good := `{"node":"n1","policy":"p","batch":"n1.b.p.1","t_us":100,"span_us":10,"n":3,` +
+		`"keys":[{"key":"p.p.tenant=a","revision":1,"allowed":1,"allowed_units":"1","denied":1,"denied_units":"2","costs":[1,2],"results":"Ad"},` +
+		`{"key":"p.p.tenant=b","revision":1,"allowed":1,"allowed_units":"1","cost":1,"results":"a"}],` +
+		`"order":[0,1,0],"dt_us":[0,10,-5],"origins":["n1.b"],"journal":[0,7,0,1],"request_ids":[[1,"r"]]}`
+	if _, err := DecodeBatch([]byte(good)); err != nil {
+		t.Fatalf("the good message: %v", err)
+	}
+	cases := []struct{ name, from, to, want string }{
+		{"totals disagree", `"denied_units":"2"`, `"denied_units":"3"`, "totals disagree"},
+		{"count disagrees", `"allowed":1,"allowed_units":"1","cost"`, `"allowed":2,"allowed_units":"1","cost"`, "totals disagree"},
+		{"offset before the batch", `"dt_us":[0,10,-5]`, `"dt_us":[0,10,-11]`, "outside the batch"},
+		{"offset after the batch", `"dt_us":[0,10,-5]`, `"dt_us":[0,11,-5]`, "outside the batch"},
+		{"order out of range", `"order":[0,1,0]`, `"order":[0,2,0]`, "names group 2"},
+		{"n disagrees", `"n":3`, `"n":4`, "n is 4"},
+		{"results too short", `"results":"a"}`, `"results":""}`, "letters"},
+		{"bad letter", `"results":"Ad"`, `"results":"Ax"`, "not one of"},
+		{"costs too short", `"costs":[1,2]`, `"costs":[1]`, "costs for"},
+		{"journal short", `"journal":[0,7,0,1]`, `"journal":[]`, "fewer decisions"},
+		{"journal long", `"journal":[0,7,0,1]`, `"journal":[0,7,0,2]`, "more decisions"},
+		{"journal origin", `"journal":[0,7,0,1]`, `"journal":[1,7,0,1]`, "out of range"},
+		{"journal without origins", `"origins":["n1.b"],`, ``, "go together"},
+		{"records and keys", `"n":3,`, `"n":3,"records":[],`, "given with"},
+		{"request id index", `"request_ids":[[1,"r"]]`, `"request_ids":[[3,"r"]]`, "out of order or range"},
+		{"descriptor not carried", `"key":"p.p.tenant=b"`, `"key":"p.p._overflow"`, "does not carry it"},
+		{"key of policy ''", `"policy":"p"`, `"policy":""`, `must be ""`},
+		{"missing span", `"span_us":10,`, ``, "span_us: missing"},
+		{"units not canonical", `"allowed_units":"1","cost"`, `"allowed_units":"1.0","cost"`, "not a decimal"},
+		{"cost and costs", `"cost":1,"results"`, `"cost":1,"costs":[1],"results"`, `given with "cost"`},
+		{"no decision", `"order":[0,1,0]`, `"order":[0,0,0]`, "no decision"},
+	}
+	for _, c := range cases {
+		msg := strings.Replace(good, c.from, c.to, 1)
+		if msg == good {
+			t.Fatalf("%s: %q not in the message", c.name, c.from)
+		}
+		_, err := DecodeBatch([]byte(msg))
+		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want an ErrInvalid naming %q", c.name, err, c.want)
+		}
+	}
+}
+
+// The publisher's encoding of a typical batch: grouped, a decision costs
+// a small part of its v1.1 record.
+func TestGroupedSize(t *testing.T) {
+	var records []Record
+	for i := 0; i < 10000; i++ {
+		k := strconv.Itoa((i * i) % 1500) // about 6.7 decisions per key
+		records = append(records, Record{
+			ID: JournalID("n1", "0123456789abcdef", uint64(100+i/50), uint32(i%50)), TimeUs: 1764752400123456 + int64(i*25), Revision: 3,
+			Key: "p.bench-strict-1043464d.key=k" + k, Descriptor: desc(t, "key", "k"+k), Cost: 1_000_000, Allowed: i%4 != 0,
+		})
+	}
+	v1 := AppendBatch(nil, &Batch{Node: "n1", Policy: "bench-strict-1043464d", Records: records})
+	v2 := EncodeGrouped("n1", "bench-strict-1043464d", "n1.0123456789abcdef.bench-strict-1043464d.17", records)
+	t.Logf("v1.1 %.1f bytes per decision, grouped %.1f", float64(len(v1))/10000, float64(len(v2))/10000)
+	if len(v2)*5 > len(v1) {
+		t.Fatalf("grouped %d bytes, v1.1 %d: not a fifth", len(v2), len(v1))
+	}
+}

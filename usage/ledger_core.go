@@ -44,6 +44,9 @@ type ledgerCore struct {
 
 	dayIdx     int64 // the UTC day (Unix days) day and month are of; MinInt64: none
 	day, month string
+
+	skip []bool // applyGrouped's: per record, skipped as counted before
+	slow []bool // applyGrouped's: per group, applied record by record
 }
 
 // entryID names a totals entry.
@@ -105,11 +108,42 @@ func policyToken(policy string) string {
 // missing calls entry for every totals entry and origin for every origin
 // that applying b needs and c does not hold (possibly more than once).
 func (c *ledgerCore) missing(b *Batch, entry func(entryID), origin func(string)) {
+	if b.Groups != nil {
+		for _, o := range b.origins {
+			if c.origins[o] == nil {
+				origin(o)
+			}
+		}
+		for gi := range b.Groups {
+			g := &b.Groups[gi]
+			dayLo, _ := c.periods(g.MinUs)
+			day, month := c.periods(g.MaxUs)
+			if dayLo != day {
+				c.missingRecords(b, entry) // a batch over two days: its records' days
+				return
+			}
+			for _, per := range [2]string{day, month} {
+				id := entryID{b.Policy, per, g.Key}
+				if c.entries[id] == nil {
+					entry(id)
+				}
+			}
+		}
+		return
+	}
 	for i := range b.Records {
-		r := &b.Records[i]
-		if o, _, ok := ParseJournalID(r.ID); ok && c.origins[o] == nil {
+		if o, _, ok := ParseJournalID(b.Records[i].ID); ok && c.origins[o] == nil {
 			origin(o)
 		}
+	}
+	c.missingRecords(b, entry)
+}
+
+// missingRecords calls entry for the totals entries of b's records that c
+// does not hold.
+func (c *ledgerCore) missingRecords(b *Batch, entry func(entryID)) {
+	for i := range b.Records {
+		r := &b.Records[i]
 		day, month := c.periods(r.TimeUs)
 		for _, per := range [2]string{day, month} {
 			id := entryID{b.Policy, per, r.Key}
@@ -144,68 +178,167 @@ func (c *ledgerCore) holdOrigin(origin string, rev uint64, m *marks) {
 // apply applies stream message seq, holding batch b, to the entries (all
 // of which c must hold: see missing). It returns how many records counted
 // and how many were skipped as already counted (journalled records at or
-// below their watermark).
+// below their watermark). A grouped message's groups are applied with
+// their totals at once, except a group with a record skipped or with
+// records of two UTC days, whose records are applied one by one.
 func (c *ledgerCore) apply(seq uint64, b *Batch) (counted, dup int) {
-	ptok := policyToken(b.Policy)
+	if b.Groups != nil {
+		return c.applyGrouped(seq, b)
+	}
 	for i := range b.Records {
 		r := &b.Records[i]
-		if origin, pos, ok := ParseJournalID(r.ID); ok {
-			o := c.origins[origin]
-			if r.TimeUs > o.m.SeenUs {
-				o.m.SeenUs = r.TimeUs
-				c.dirtyOrigin(o)
-			}
-			cur, ok := o.m.pos[ptok]
-			if ok && !cur.Less(pos) {
-				dup++
-				continue
-			}
-			if !ok {
-				ptok = strings.Clone(ptok)
-			}
-			o.m.pos[ptok] = pos
-			o.m.Seq = seq
-			c.dirtyOrigin(o)
+		if origin, pos, ok := ParseJournalID(r.ID); ok && !c.advance(seq, b.Policy, origin, pos, r.TimeUs) {
+			dup++
+			continue
 		}
 		counted++
-		day, month := c.periods(r.TimeUs)
+		c.count(seq, b.Policy, r)
+	}
+	return counted, dup
+}
+
+// advance applies the watermark rule to a journalled record of policy
+// at pos of origin, seen at tUs: it reports whether the record counts
+// (its position is above the watermark, which it then becomes).
+func (c *ledgerCore) advance(seq uint64, policy, origin string, pos JournalPos, tUs int64) bool {
+	o := c.origins[origin]
+	if tUs > o.m.SeenUs {
+		o.m.SeenUs = tUs
+		c.dirtyOrigin(o)
+	}
+	ptok := policyToken(policy)
+	cur, ok := o.m.pos[ptok]
+	if ok && !cur.Less(pos) {
+		return false
+	}
+	if !ok {
+		ptok = strings.Clone(ptok)
+	}
+	o.m.pos[ptok] = pos
+	o.m.Seq = seq
+	c.dirtyOrigin(o)
+	return true
+}
+
+// open returns the entry of policy's key in period per for message seq,
+// or nil when that message was applied to it before.
+func (c *ledgerCore) open(seq uint64, policy, per, key string) *ledgerEntry {
+	e := c.entries[entryID{policy, per, key}]
+	if e.open != seq {
+		if e.t.Seq >= seq {
+			return nil // applied before this message was delivered again
+		}
+		e.open, e.t.Seq = seq, seq
+		if !e.dirty {
+			e.dirty = true
+			c.dirtyE = append(c.dirtyE, e)
+		}
+	}
+	return e
+}
+
+// add adds n decisions of units micro-units to e's allowed or denied
+// totals, the latest at lastUs.
+func (e *ledgerEntry) add(allowed bool, n, units, lastUs int64) {
+	if allowed {
+		e.t.Allowed += n
+		if e.pendA > math.MaxInt64-units {
+			addMicro(&e.t.AllowedUnits, e.pendA)
+			e.pendA = 0
+		}
+		e.pendA += units
+	} else {
+		e.t.Denied += n
+		if e.pendD > math.MaxInt64-units {
+			addMicro(&e.t.DeniedUnits, e.pendD)
+			e.pendD = 0
+		}
+		e.pendD += units
+	}
+	e.t.LastUs = max(e.t.LastUs, lastUs)
+}
+
+// count counts record r of policy in its day and month entries.
+func (c *ledgerCore) count(seq uint64, policy string, r *Record) {
+	day, month := c.periods(r.TimeUs)
+	for _, per := range [2]string{day, month} {
+		if e := c.open(seq, policy, per, r.Key); e != nil {
+			e.add(r.Allowed, 1, r.Cost, r.TimeUs)
+		}
+	}
+	if r.Allowed {
+		c.touch(policy, r.Key, r.TimeUs)
+	}
+}
+
+// touch notes an allowed record of policy's key at tUs.
+func (c *ledgerCore) touch(policy, key string, tUs int64) {
+	if policy == "" {
+		return
+	}
+	pk := policyKey{policy, key}
+	if last, ok := c.touched[pk]; !ok {
+		c.touched[policyKey{strings.Clone(policy), strings.Clone(key)}] = tUs
+	} else if tUs > last {
+		c.touched[pk] = tUs
+	}
+}
+
+// applyGrouped is apply for a grouped message.
+func (c *ledgerCore) applyGrouped(seq uint64, b *Batch) (counted, dup int) {
+	// Journalled records first, in order: the watermarks decide which
+	// count; a group with one that does not is applied record by record.
+	c.skip = c.skip[:0]
+	c.slow = append(c.slow[:0], make([]bool, len(b.Groups))...)
+	if b.jOrigin != nil {
+		for i, o := range b.jOrigin {
+			if o < 0 {
+				continue
+			}
+			if !c.advance(seq, b.Policy, b.origins[o], b.jPos[i], b.Records[i].TimeUs) {
+				if len(c.skip) == 0 {
+					c.skip = append(c.skip, make([]bool, len(b.Records))...)
+				}
+				c.skip[i] = true
+				c.slow[b.groupOf[i]] = true
+				dup++
+			}
+		}
+	}
+	for gi := range b.Groups {
+		g := &b.Groups[gi]
+		if c.slow[gi] {
+			continue
+		}
+		dayLo, _ := c.periods(g.MinUs)
+		day, month := c.periods(g.MaxUs)
+		if dayLo != day {
+			c.slow[gi] = true
+			continue
+		}
 		for _, per := range [2]string{day, month} {
-			e := c.entries[entryID{b.Policy, per, r.Key}]
-			if e.open != seq {
-				if e.t.Seq >= seq {
-					continue // applied before this message was delivered again
-				}
-				e.open, e.t.Seq = seq, seq
-				if !e.dirty {
-					e.dirty = true
-					c.dirtyE = append(c.dirtyE, e)
-				}
+			e := c.open(seq, b.Policy, per, g.Key)
+			if e == nil {
+				continue
 			}
-			if r.Allowed {
-				e.t.Allowed++
-				if e.pendA > math.MaxInt64-r.Cost {
-					addMicro(&e.t.AllowedUnits, e.pendA)
-					e.pendA = 0
-				}
-				e.pendA += r.Cost
-			} else {
-				e.t.Denied++
-				if e.pendD > math.MaxInt64-r.Cost {
-					addMicro(&e.t.DeniedUnits, e.pendD)
-					e.pendD = 0
-				}
-				e.pendD += r.Cost
+			if g.Allowed > 0 {
+				e.add(true, g.Allowed, g.AllowedUnits, g.MaxUs)
 			}
-			e.t.LastUs = max(e.t.LastUs, r.TimeUs)
-		}
-		if r.Allowed && b.Policy != "" {
-			pk := policyKey{b.Policy, r.Key}
-			if last, ok := c.touched[pk]; !ok {
-				c.touched[policyKey{strings.Clone(b.Policy), strings.Clone(r.Key)}] = r.TimeUs
-			} else if r.TimeUs > last {
-				c.touched[pk] = r.TimeUs
+			if g.Denied > 0 {
+				e.add(false, g.Denied, g.DeniedUnits, g.MaxUs)
 			}
 		}
+		if g.Allowed > 0 {
+			c.touch(b.Policy, g.Key, g.MaxAllowedUs)
+		}
+		counted += int(g.Allowed + g.Denied)
+	}
+	for i := range b.Records {
+		if !c.slow[b.groupOf[i]] || len(c.skip) > 0 && c.skip[i] {
+			continue
+		}
+		counted++
+		c.count(seq, b.Policy, &b.Records[i])
 	}
 	return counted, dup
 }

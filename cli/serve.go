@@ -52,11 +52,15 @@ type serveConfig struct {
 	usageInterval   time.Duration
 	usageRetention  time.Duration
 	usageMaxBytes   byteSize
+	roles           string
 
 	// Set by parsing: whether --region was given (flag or environment),
-	// and the --gateways entries by region name.
+	// the --gateways entries by region name, whether --roles was given
+	// and the roles it names.
 	regionSet   bool
 	gatewayURLs map[string][]string
+	rolesSet    bool
+	roleSet     mesh.Roles
 }
 
 var (
@@ -97,6 +101,7 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 	fs.DurationVar(&c.usageInterval, "usage-interval", mesh.DefaultUsageInterval, "most time a usage record waits before its batch is published")
 	fs.DurationVar(&c.usageRetention, "usage-retention", mesh.DefaultUsageRetention, "max age of the records in the usage stream this node creates")
 	fs.Var(&c.usageMaxBytes, "usage-max-bytes", "max size of the usage stream this node creates, in bytes or with a unit: 1GiB, 512MiB, 64KiB (oldest records go first)")
+	fs.StringVar(&c.roles, "roles", mesh.AllRoles.String(), "what this node does, comma-separated: decide (serve decisions, own partitions), ledger (may run the usage ledger), shadow (may run the shadow evaluator)")
 	return c, func(args []string) error {
 		if err := parseFlags(fs, args, s); err != nil {
 			return err
@@ -104,6 +109,7 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 		fs.Visit(func(f *flag.Flag) {
 			c.prefixSet = c.prefixSet || f.Name == "prefix"
 			c.regionSet = c.regionSet || f.Name == "region"
+			c.rolesSet = c.rolesSet || f.Name == "roles"
 		})
 		if err := c.validate(); err != nil {
 			return &exitError{code: 2, err: err} // a bad flag value, like a parse error
@@ -148,7 +154,26 @@ func (c *serveConfig) validate() error {
 	if _, err := parseLevel(c.logLevel); err != nil {
 		return err
 	}
+	if err := c.validateRoles(); err != nil {
+		return err
+	}
 	return c.validateRegion()
+}
+
+// validateRoles parses --roles. Without the usage stream (--usage=false)
+// the ledger and the shadow evaluator have nothing to read: naming either
+// there is an error (the default roles name them and are accepted, as
+// they always were, with the two roles idle).
+func (c *serveConfig) validateRoles() error {
+	r, err := mesh.ParseRoles(c.roles)
+	if err != nil {
+		return fmt.Errorf("--roles %q: want one or more of decide, ledger and shadow, comma-separated", c.roles)
+	}
+	if !c.usage && c.rolesSet && (r.Has(mesh.RoleLedger) || r.Has(mesh.RoleShadow)) {
+		return fmt.Errorf("--roles %q: ledger and shadow read the usage stream, which --usage=false turns off", c.roles)
+	}
+	c.roleSet = r
+	return nil
 }
 
 // validateRegion checks --region, --gateway-listen and --gateways, and
@@ -341,6 +366,7 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		Partitions:      c.partitions,
 		LeaseTime:       c.lease,
 		NodeID:          c.nodeID,
+		Roles:           c.roleSet,
 
 		CheckpointInterval: c.checkpoint,
 		AsyncInterval:      c.asyncInterval,
@@ -363,8 +389,11 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 			log.Error("http server stopped", "err", err)
 		}
 	}()
-	log.Info("limitmesh serving",
-		"subject", c.prefix+".v1.decide", "http", hl.Addr().String(), "region", c.region, "version", Version)
+	attrs := []any{"http", hl.Addr().String(), "region", c.region, "roles", c.roleSet.String(), "version", Version}
+	if c.roleSet.Has(mesh.RoleDecide) {
+		attrs = append([]any{"subject", c.prefix + ".v1.decide"}, attrs...)
+	}
+	log.Info("limitmesh serving", attrs...)
 
 	<-ctx.Done()
 	log.Info("draining")

@@ -18,6 +18,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/limitmesh/limitmesh/mesh"
 )
 
 // freeAddr returns a loopback address with a port nobody listens on now,
@@ -508,5 +510,74 @@ func TestServeUsageStream(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatal("serve did not stop")
 		}
+	}
+}
+
+// TestServeRolesFlags: --roles (and LIMITMESH_ROLES; a flag wins) names
+// the node's roles in any order, with spaces and repeats; the default is
+// every role, also with --usage=false (ledger and shadow then idle).
+func TestServeRolesFlags(t *testing.T) {
+	cases := []struct {
+		name      string
+		env, args []string
+		want      mesh.Roles
+	}{
+		{"default", nil, nil, mesh.AllRoles},
+		{"default without usage", nil, []string{"--usage=false"}, mesh.AllRoles},
+		{"decide only", nil, []string{"--roles", "decide"}, mesh.RoleDecide},
+		{"ledger and shadow", nil, []string{"--roles", "ledger,shadow"}, mesh.RoleLedger | mesh.RoleShadow},
+		{"any order, spaces, repeats", nil, []string{"--roles", " shadow, decide ,shadow"}, mesh.RoleDecide | mesh.RoleShadow},
+		{"decide without usage", nil, []string{"--roles", "decide", "--usage=false"}, mesh.RoleDecide},
+		{"environment", []string{"LIMITMESH_ROLES=ledger"}, nil, mesh.RoleLedger},
+		{"flag wins", []string{"LIMITMESH_ROLES=ledger"}, []string{"--roles", "decide,shadow"}, mesh.RoleDecide | mesh.RoleShadow},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := stdio{err: new(bytes.Buffer), env: parseEnv(tc.env)}
+			c, parse := serveFlags(s)
+			if err := parse(tc.args); err != nil {
+				t.Fatalf("parse: %v (%s)", err, s.err)
+			}
+			if c.roleSet != tc.want {
+				t.Errorf("roles %q, want %q", c.roleSet, tc.want)
+			}
+		})
+	}
+	var help bytes.Buffer
+	Main(context.Background(), []string{"serve", "-h"}, nil, strings.NewReader(""), &help, &help)
+	if !strings.Contains(help.String(), "-roles") || !strings.Contains(help.String(), `(default "decide,ledger,shadow")`) {
+		t.Errorf("serve -h does not show --roles with its default:\n%s", help.String())
+	}
+}
+
+// TestServeRolesBadFlags: an unknown role, a list naming no role, and
+// ledger or shadow named with --usage=false exit 2 with one line naming
+// --roles.
+func TestServeRolesBadFlags(t *testing.T) {
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"unknown role", nil, []string{"--roles", "decide,leader"}, `--roles "decide,leader": want one or more of decide, ledger and shadow`},
+		{"capitalised", nil, []string{"--roles", "Decide"}, `--roles "Decide"`},
+		{"empty", nil, []string{"--roles", ""}, `--roles "": want one or more`},
+		{"only commas", nil, []string{"--roles", ", ,"}, `--roles ", ,": want one or more`},
+		{"unknown from env", []string{"LIMITMESH_ROLES=all"}, nil, `--roles "all"`},
+		{"empty from env", []string{"LIMITMESH_ROLES="}, nil, `--roles ""`},
+		{"ledger without usage", nil, []string{"--roles", "ledger", "--usage=false"}, "--usage=false"},
+		{"shadow without usage", nil, []string{"--roles", "decide,shadow", "--usage=false"}, "--usage=false"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := run(t, tc.env, append([]string{"serve"}, tc.args...)...)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2; stderr: %s", code, stderr)
+			}
+			if !strings.Contains(stderr, tc.want) || strings.Count(stderr, "\n") != 1 {
+				t.Errorf("stderr %q: want one line mentioning %q", stderr, tc.want)
+			}
+		})
 	}
 }

@@ -97,10 +97,11 @@ type proc struct {
 
 // procSpec describes processes to start; zero fields are picked.
 type procSpec struct {
-	n        int      // number of processes
-	natsURL  string   // join this NATS deployment instead of embedded servers
-	extra    []string // more serve flags for every process
-	replicas int      // --replicas; default 3
+	n        int        // number of processes
+	natsURL  string     // join this NATS deployment instead of embedded servers
+	extra    []string   // more serve flags for every process
+	each     [][]string // more serve flags of process i (after extra), for i < len(each)
+	replicas int        // --replicas; default 3
 }
 
 // startProcs starts spec.n serve processes (a JetStream cluster of their
@@ -143,6 +144,9 @@ func startProcs(t *testing.T, spec procSpec) []*proc {
 			)
 		}
 		p.args = append(p.args, spec.extra...)
+		if i < len(spec.each) {
+			p.args = append(p.args, spec.each[i]...)
+		}
 		p.start(bin)
 		procs[i] = p
 		t.Cleanup(func() {

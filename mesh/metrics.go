@@ -8,18 +8,21 @@ type ownershipMetrics struct {
 	changes *prometheus.CounterVec // change: claimed, released, lost
 }
 
-// newOwnershipMetrics registers the ownership metrics of node id, and
-// limitmesh_node_info, which names the node (one series per process).
-func newOwnershipMetrics(reg prometheus.Registerer, id string) (*ownershipMetrics, error) {
+// registerNodeInfo registers limitmesh_node_info, which names the node
+// (one series per process): its id, its roles and its version.
+func registerNodeInfo(reg prometheus.Registerer, id string, roles Roles) error {
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "limitmesh_node_info",
-		Help:        "Always 1; its labels name this node (its id, as in the shards bucket) and its version.",
-		ConstLabels: prometheus.Labels{"node": id, "version": Version},
+		Help:        "Always 1; its labels name this node (its id, as in the shards bucket), its roles (decide, ledger, shadow, comma-separated) and its version.",
+		ConstLabels: prometheus.Labels{"node": id, "roles": roles.String(), "version": Version},
 	})
 	info.Set(1)
-	if err := reg.Register(info); err != nil {
-		return nil, err
-	}
+	return reg.Register(info)
+}
+
+// newOwnershipMetrics registers the ownership metrics (a node without the
+// decide role registers them too: it owns 0 partitions).
+func newOwnershipMetrics(reg prometheus.Registerer) (*ownershipMetrics, error) {
 	m := &ownershipMetrics{
 		owned: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "limitmesh_owned_partitions",

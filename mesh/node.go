@@ -63,6 +63,15 @@ const (
 	QueueGroup  = "limitmesh"
 )
 
+// MetadataNode and MetadataRoles are the keys of the micro service's
+// metadata (`nats micro info limitmesh`) that name the node (its id in the
+// shards bucket) and its roles (Roles.String). Only nodes with RoleDecide
+// run the service.
+const (
+	MetadataNode  = "node"
+	MetadataRoles = "roles"
+)
+
 // Defaults for NodeConfig.
 const (
 	DefaultPrefix          = "rl"
@@ -148,6 +157,12 @@ type NodeConfig struct {
 	// bytes); default: random. It must be unique among running nodes; a
 	// node restarted with the same id takes its old entries over at once.
 	NodeID string
+	// Roles are what the node does (CONTRACT.md §13); default (zero)
+	// AllRoles. Without RoleDecide it owns no partition and takes no
+	// request; without RoleLedger or RoleShadow it never runs the
+	// reconciler or the shadow evaluator. A node with NoUsage must
+	// have RoleDecide: the other roles read the usage stream.
+	Roles Roles
 }
 
 // Headers of the routing protocol (docs/protocol.md, "Routing").
@@ -253,6 +268,15 @@ func NewNode(nc *nats.Conn, cfg NodeConfig) (*Node, error) {
 	if !ownership.NodeIDRE.MatchString(cfg.NodeID) {
 		return nil, fmt.Errorf("%w: node id %q must match %s", ErrConfig, cfg.NodeID, ownership.NodeIDRE)
 	}
+	if cfg.Roles == 0 {
+		cfg.Roles = AllRoles
+	}
+	switch {
+	case cfg.Roles&^AllRoles != 0:
+		return nil, fmt.Errorf("%w: unknown roles %#x", ErrConfig, uint8(cfg.Roles&^AllRoles))
+	case cfg.NoUsage && !cfg.Roles.Has(RoleDecide):
+		return nil, fmt.Errorf("%w: roles %s without the usage stream: a node that does not decide only reads the stream", ErrConfig, cfg.Roles)
+	}
 	n := &Node{nc: nc, cfg: cfg, log: cfg.Logger, reg: cfg.Registry, rt: rt.Real}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
@@ -322,8 +346,12 @@ func (n *Node) PolicyRevision(name string) (uint64, bool) {
 	return p.Revision, true
 }
 
-// Ready reports whether the node serves decisions (false before Start
-// returns and from the start of Stop).
+// Roles returns the node's roles.
+func (n *Node) Roles() Roles { return n.cfg.Roles }
+
+// Ready reports whether the node does what its roles say: serves
+// decisions, with RoleDecide (false before Start returns and from the
+// start of Stop).
 func (n *Node) Ready() bool { return n.ready.Load() }
 
 // Stop makes /readyz fail, stops taking requests (the service's

@@ -8,6 +8,7 @@ import (
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/journal"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
 	"github.com/limitmesh/limitmesh/mesh/internal/leasing"
 	"github.com/limitmesh/limitmesh/mesh/internal/member"
@@ -21,13 +22,16 @@ import (
 	"github.com/nats-io/nats.go/micro"
 )
 
-// The node's start: buckets, streams, the policy watch, ownership, the
-// journal, the usage ledger and the shadow evaluator, then the service.
+// The node's start: buckets, streams, the policy watch, the usage ledger
+// and the shadow evaluator, then (the decide role) ownership, the journal
+// and the service.
 
 // Start creates missing buckets, applies the current policies, starts the
-// policy watch, takes this node's share of the partitions and starts the
-// decide service; it returns once the node serves. ctx bounds the start;
-// the node keeps running after it returns.
+// policy watch and the usage publisher, and then what the node's roles
+// call for: the ledger's reconciler and the shadow evaluator (each under
+// its elector), and, with RoleDecide, this node's share of the partitions
+// and the decide service. It returns once the node serves. ctx bounds the
+// start; the node keeps running after it returns.
 func (n *Node) Start(ctx context.Context) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -49,8 +53,11 @@ func (n *Node) Start(ctx context.Context) error {
 	n.cancel = cancel
 	n.started = true
 	n.ready.Store(true)
-	n.log.Info("node serving", "subject", n.DecideSubject(), "policies", n.policies.Snapshot().Len(),
-		"node", n.cfg.NodeID, "partitions", n.cfg.Partitions, "partitions_owned", n.route.Owned())
+	attrs := []any{"node", n.cfg.NodeID, "roles", n.cfg.Roles.String(), "policies", n.policies.Snapshot().Len()}
+	if n.cfg.Roles.Has(RoleDecide) {
+		attrs = append(attrs, "subject", n.DecideSubject(), "partitions", n.cfg.Partitions, "partitions_owned", n.route.Owned())
+	}
+	n.log.Info("node serving", attrs...)
 	return nil
 }
 
@@ -121,8 +128,17 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		return fmt.Errorf("mesh: waiting for the initial policies: %w", ctx.Err())
 	}
 
+	if err := registerNodeInfo(n.reg, n.cfg.NodeID, n.cfg.Roles); err != nil {
+		return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
+	}
+	om, err := newOwnershipMetrics(n.reg)
+	if err != nil {
+		return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
+	}
+
 	// Usage: the stream, this node's publisher, the ledger and the shadow
-	// evaluator (each one active across the nodes, under a lease).
+	// evaluator (each one active across the nodes with its role, under a
+	// lease).
 	var sink usageSink
 	boot := usage.NewBoot()
 	if !n.cfg.NoUsage {
@@ -142,7 +158,41 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		if err := n.startLedger(ctx, bgctx, js); err != nil {
 			return err
 		}
+		if n.cfg.Roles.Has(RoleShadow) {
+			if err := n.startShadow(bgctx, js); err != nil {
+				return err
+			}
+		}
 	}
+
+	// A node without decide owns no partition and takes no request: no
+	// journal, keys, ownership, lease handling or service.
+	if !n.cfg.Roles.Has(RoleDecide) {
+		return nil
+	}
+	return n.startDecide(ctx, bgctx, decideParts{js: js, store: store, shards: skv, watcher: watcher,
+		retention: retention, boot: boot, sink: sink, metrics: om})
+}
+
+// decideParts is what the start of the decide role takes from the start
+// of the node.
+type decideParts struct {
+	js        jetstream.JetStream
+	store     *kvstate.JetStreamStore
+	shards    jetstream.KeyValue
+	watcher   *policyset.Watcher
+	retention keyrec.Retention
+	boot      string
+	sink      usageSink
+	metrics   *ownershipMetrics
+}
+
+// startDecide starts the decide role: the member (journal, keys,
+// ownership), leased mode, the service and its subjects; it returns once
+// every partition has an owner (or two leases have passed) and the micro
+// service is subscribed.
+func (n *Node) startDecide(ctx, bgctx context.Context, d decideParts) error {
+	var err error
 
 	// The member: journal, keys, ownership.
 	var jr *journal.Journal
@@ -159,12 +209,12 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 				Timeout:            n.cfg.DecisionTimeout,
 				CheckpointInterval: min(n.cfg.CheckpointInterval, n.cfg.StateTTL/4),
 				ReadCache:          2 * n.cfg.LeaseTime,
-				Boot:               boot,
-				Retention:          retention,
+				Boot:               d.boot,
+				Retention:          d.retention,
 				Log:                n.log,
 			},
-			JS:       js,
-			Store:    store,
+			JS:       d.js,
+			Store:    d.store,
 			Bucket:   n.StateBucket(),
 			Replicas: n.cfg.Replicas,
 			MaxAge:   n.horizon(),
@@ -174,7 +224,7 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 			return err
 		}
 		if n.pub != nil {
-			jr.SetUsage(sink)
+			jr.SetUsage(d.sink)
 		}
 		for _, c := range jr.Collectors() {
 			if err := n.reg.Register(c); err != nil {
@@ -192,10 +242,6 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
 	}
-	om, err := newOwnershipMetrics(n.reg, n.cfg.NodeID)
-	if err != nil {
-		return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
-	}
 	m = member.New(member.Config{
 		Self:            n.cfg.NodeID,
 		Lease:           n.cfg.LeaseTime,
@@ -203,20 +249,20 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		Runtime:         n.rt,
 		Route:           n.route,
 		Journal:         jr,
-		Store:           member.BucketStore{Bucket: store, Usage: sink.directOf, Retention: retention, Now: n.rt.Now},
+		Store:           member.BucketStore{Bucket: d.store, Usage: d.sink.directOf, Retention: d.retention, Now: n.rt.Now},
 		Keys: keys.Config{
 			Env:           n.policies,
-			Versions:      versionFetcher{watcher},
+			Versions:      versionFetcher{d.watcher},
 			MaxConflicts:  n.cfg.MaxConflicts,
 			TTL:           n.cfg.StateTTL,
 			AsyncInterval: n.cfg.AsyncInterval,
-			LostUsage:     sink.lost,
+			LostUsage:     d.sink.lost,
 			Log:           n.log,
 			Metrics:       km,
 		},
-		Shards:  ownership.NewJetStreamKV(bgctx, skv),
+		Shards:  ownership.NewJetStreamKV(bgctx, d.shards),
 		OnServe: n.onServe,
-		Metrics: om,
+		Metrics: d.metrics,
 		Log:     n.log,
 	})
 	keyTable = m.Keys
@@ -271,7 +317,7 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 
 	// Ownership: watch the shards bucket, claim this node's partitions, and
 	// wait (at most two leases) until no partition waits for an owner.
-	n.bg.Go(func() { ownership.Drive(bgctx, m.Owner, skv) })
+	n.bg.Go(func() { ownership.Drive(bgctx, m.Owner, d.shards) })
 	settle := time.NewTimer(2*n.cfg.LeaseTime + time.Second)
 	defer settle.Stop()
 	select {
@@ -287,6 +333,7 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 		Version:     Version,
 		Description: "limitmesh rate-limit decisions",
 		QueueGroup:  QueueGroup,
+		Metadata:    map[string]string{MetadataNode: n.cfg.NodeID, MetadataRoles: n.cfg.Roles.String()},
 	})
 	if err != nil {
 		return fmt.Errorf("mesh: adding micro service: %w", err)
@@ -462,14 +509,18 @@ func (n *Node) ensureBucketOnce(ctx context.Context, js jetstream.JetStream, cfg
 	return kv, nil
 }
 
-// startLedger starts, under their leases, the usage ledger's reconciler and
-// the shadow evaluator: every node runs both, one of each active at a time.
+// startLedger creates the ledger bucket if it is missing and, on a node
+// with RoleLedger, starts the usage ledger's reconciler under its lease:
+// every such node runs an elector, one reconciler is active at a time.
 func (n *Node) startLedger(ctx, bgctx context.Context, js jetstream.JetStream) error {
 	if err := n.retryJS(ctx, "bucket "+usage.LedgerBucket(n.cfg.Prefix), func(ctx context.Context) error {
 		_, err := usage.EnsureLedger(ctx, js, n.cfg.Prefix, n.cfg.Replicas)
 		return err
 	}); err != nil {
 		return fmt.Errorf("mesh: usage ledger: %w", err)
+	}
+	if !n.cfg.Roles.Has(RoleLedger) {
+		return nil
 	}
 	rec, err := usage.NewReconciler(ctx, js, usage.ReconcilerConfig{Prefix: n.cfg.Prefix, Node: n.cfg.NodeID,
 		Replicas: n.cfg.Replicas, QuotaLimits: quotaLimits(n.policies),
@@ -479,6 +530,12 @@ func (n *Node) startLedger(ctx, bgctx context.Context, js jetstream.JetStream) e
 	}
 	el := usage.NewElector(rec.KV(), usage.LedgerLeaderKey, n.cfg.NodeID, n.cfg.LeaseTime, n.log)
 	n.bg.Go(func() { _ = el.Run(bgctx, rec.Run) })
+	return nil
+}
+
+// startShadow starts the shadow evaluator of a node with RoleShadow: every
+// such node runs one, and its elector keeps one of them active at a time.
+func (n *Node) startShadow(bgctx context.Context, js jetstream.JetStream) error {
 	ev, err := shadow.NewEvaluator(js, shadow.Config{Prefix: n.cfg.Prefix, NodeID: n.cfg.NodeID,
 		Replicas: n.cfg.Replicas, Lease: n.cfg.LeaseTime, Registerer: n.reg, Logger: n.log})
 	if err != nil {

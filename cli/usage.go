@@ -22,10 +22,12 @@ func runUsage(ctx context.Context, args []string, s stdio) error {
 	sub := map[string]func(context.Context, []string, stdio) error{
 		"report": usageReport,
 		"tail":   usageTail,
+		"export": usageExport,
 	}
 	return subcommand(ctx, args, s, sub,
 		"usage: limitmesh usage report [--policy P] [--key K] [--period 2026-12|2026-12-03] [--json]",
 		"       limitmesh usage tail [--policy P] [--json] [--count N]",
+		"       limitmesh usage export [--policy P] [--since 24h] [--json]",
 	)
 }
 

@@ -261,3 +261,62 @@ func TestUsageTail(t *testing.T) {
 		}
 	}
 }
+
+func TestUsageExport(t *testing.T) {
+	f := newUsageFixture(t)
+	// Nothing stored yet: nothing printed.
+	if code, out, errs := run(t, nil, "usage", "export", "--nats-url", f.url); code != 0 || out != "" {
+		t.Fatalf("empty stream: exit %d, %q %q", code, out, errs)
+	}
+	for i := 0; i < 50; i++ {
+		f.add(t, "acme", "p.acme.tenant=a_20b", dec3+int64(i), 1_500_000, i%2 == 0, "tenant", "a b")
+		f.add(t, "birch", "p.birch.tenant=b", dec3+int64(i), 1_000_000, true, "tenant", "b")
+	}
+	f.add(t, "", "", dec3, 1_000_000, true, "op", "x")
+	f.waitLedger(t)
+
+	code, out, errs := run(t, nil, "usage", "export", "--nats-url", f.url)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if n := strings.Count(out, "\n"); n != 101 {
+		t.Fatalf("%d lines, want 101:\n%s", n, out)
+	}
+	code, out, errs = run(t, nil, "usage", "export", "--nats-url", f.url, "--policy", "acme", "--json", "--since", "1h")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 50 {
+		t.Fatalf("%d lines for acme, want 50", len(lines))
+	}
+	ids := map[string]bool{}
+	for i, l := range lines {
+		var rec struct {
+			Node, Policy, ID, Key, Result string
+			TUs                           int64 `json:"t_us"`
+			Revision                      int
+			Cost                          float64
+			Descriptor                    map[string]string
+			RequestID                     string `json:"request_id"`
+		}
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatalf("%s: %v", l, err)
+		}
+		want := "denied"
+		if i%2 == 0 {
+			want = "allowed"
+		}
+		if rec.Node != "n1" || rec.Policy != "acme" || rec.Key != "p.acme.tenant=a_20b" || rec.TUs != dec3+int64(i) ||
+			rec.Revision != 2 || rec.Cost != 1.5 || rec.Result != want || rec.Descriptor["tenant"] != "a b" || rec.RequestID != "r1" || ids[rec.ID] || rec.ID == "" {
+			t.Fatalf("record %d: %s", i, l)
+		}
+		ids[rec.ID] = true
+	}
+	if code, out, _ := run(t, nil, "usage", "export", "--nats-url", f.url, "--policy", "_"); code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, "(none)") {
+		t.Fatalf("--policy _: exit %d, %q", code, out)
+	}
+	if code, _, _ := run(t, nil, "usage", "export", "--nats-url", f.url, "extra"); code != 2 {
+		t.Fatalf("extra argument: exit %d", code)
+	}
+}

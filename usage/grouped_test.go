@@ -284,3 +284,31 @@ func TestLedgerGroupedMatchesRecords(t *testing.T) {
 		}
 	})
 }
+
+// The example of docs/contract.md §6a decodes to the records it describes.
+func TestGroupedContractExample(t *testing.T) {
+	msg := `{"node": "n1", "policy": "acme-search", "batch": "n1.3f2a9c01d2e4b5a6.acme-search.17",
+ "t_us": 1764752400123456, "span_us": 230, "n": 4,
+ "keys": [{"key": "p.acme-search.operation=search.plan=v7.tenant=acme", "revision": 12,
+           "allowed": 2, "allowed_units": "6", "denied": 1, "denied_units": "3",
+           "cost": 3, "results": "AaD"},
+          {"key": "p.acme-search.operation=search.plan=v7.tenant=birch", "revision": 12,
+           "descriptor": {"tenant": "birch", "operation": "search", "plan": "v7", "user": "u1"},
+           "allowed": 1, "allowed_units": "2.5", "costs": [2.5], "results": "a"}],
+ "order": [0, 1, 0, 0], "dt_us": [0, 200, -50, 80],
+ "origins": ["n1.3f2a9c01d2e4b5a6"], "journal": [0, 8812, 4, 2],
+ "request_ids": [[1, "7f1c2e"]]}`
+	b, err := DecodeBatch([]byte(msg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := string(AppendBatch(nil, &Batch{Node: b.Node, Policy: b.Policy, Records: b.Records}))
+	want := `{"node":"n1","policy":"acme-search","records":[` +
+		`{"id":"n1.3f2a9c01d2e4b5a6.j8812.4","t_us":1764752400123456,"revision":12,"key":"p.acme-search.operation=search.plan=v7.tenant=acme","descriptor":{"operation":"search","plan":"v7","tenant":"acme"},"cost":3,"result":"allowed"},` +
+		`{"id":"n1.3f2a9c01d2e4b5a6.acme-search.17.1","t_us":1764752400123656,"revision":12,"key":"p.acme-search.operation=search.plan=v7.tenant=birch","descriptor":{"operation":"search","plan":"v7","tenant":"birch","user":"u1"},"cost":2.5,"result":"allowed","request_id":"7f1c2e"},` +
+		`{"id":"n1.3f2a9c01d2e4b5a6.acme-search.17.2","t_us":1764752400123606,"revision":12,"key":"p.acme-search.operation=search.plan=v7.tenant=acme","descriptor":{"operation":"search","plan":"v7","tenant":"acme"},"cost":3,"result":"allowed"},` +
+		`{"id":"n1.3f2a9c01d2e4b5a6.j8812.5","t_us":1764752400123686,"revision":12,"key":"p.acme-search.operation=search.plan=v7.tenant=acme","descriptor":{"operation":"search","plan":"v7","tenant":"acme"},"cost":3,"result":"denied"}]}`
+	if got != want {
+		t.Fatalf("got\n%s\nwant\n%s", got, want)
+	}
+}

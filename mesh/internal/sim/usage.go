@@ -2,9 +2,12 @@ package sim
 
 import (
 	"fmt"
+	"reflect"
 	"strconv"
+	"strings"
 
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
+	"github.com/limitmesh/limitmesh/usage"
 )
 
 // The usage model. Every admission of the run's policies (both strict) is
@@ -24,9 +27,14 @@ import (
 //	U3  no call is counted twice (under two positions), and none a client
 //	    was told was denied.
 //
-// The publisher's real timing (batches, acknowledgements, a death before
+// The publisher's real timing (acknowledgements, a death before
 // publishing) is not modelled: what it covers is the order in which the
-// journal offers records, across writers and readers of a journal.
+// journal offers records, across writers and readers of a journal. The
+// stream is made of real usage messages: each publisher's consecutive
+// records of a policy are cut into batches, written grouped by key
+// (usage.EncodeGrouped, CONTRACT.md §6a) and read back with
+// usage.DecodeBatch; the check reads the positions from the decoded
+// records' ids.
 
 // usagePos is a record's position: its journal message and index.
 type usagePos struct {
@@ -41,6 +49,9 @@ type usageRec struct {
 	origin string // <node>.<boot>
 	pos    usagePos
 	call   string // the client call it admitted (its "call" dimension)
+	pub    string // the publisher: <node>.<boot> of the incarnation that published it
+	policy string
+	rec    usage.Record
 }
 
 // usageModel is the usage stream of a run.
@@ -55,7 +66,7 @@ type simUsage struct {
 	last map[string]usagePos // per origin, the last record taken
 }
 
-func (u *simUsage) Add(node, boot string, seq uint64, idx uint32, _ string, _ []byte, us *keyrec.Usage) {
+func (u *simUsage) Add(node, boot string, seq uint64, idx uint32, key string, record []byte, us *keyrec.Usage) {
 	origin := node + "." + boot
 	pos := usagePos{seq, idx}
 	if last, ok := u.last[origin]; ok && !last.less(pos) {
@@ -68,7 +79,11 @@ func (u *simUsage) Add(node, boot string, seq uint64, idx uint32, _ string, _ []
 			call = d.Value
 		}
 	}
-	u.m.stream = append(u.m.stream, usageRec{origin, pos, call})
+	policy, _, _ := keyrec.PeekPolicy(record)
+	u.m.stream = append(u.m.stream, usageRec{origin: origin, pos: pos, call: call,
+		pub: u.n.id + ".b" + strconv.Itoa(u.n.life), policy: policy,
+		rec: usage.Record{ID: usage.JournalID(node, boot, seq, idx), TimeUs: us.At / 1000, Revision: us.Revision,
+			Key: key, Descriptor: us.Desc, Cost: us.Cost, Allowed: true, RequestID: us.RequestID}})
 	if u.n.sim.cfg.Debug {
 		u.n.sim.logf("%s publishes %s.j%d.%d (call %s)", u.n.id, origin, seq, idx, call)
 	}
@@ -80,6 +95,10 @@ func (u *simUsage) Sync(done func(error)) { nodeRT{u.n}.Go(func() { done(nil) })
 // check applies the ledger's rule to the stream and checks U1-U3 against
 // the calls clients were told were admitted and denied.
 func (m *usageModel) check(admitted, denied map[string]bool) error {
+	stream, err := m.messages()
+	if err != nil {
+		return err
+	}
 	type id struct {
 		origin string
 		pos    usagePos
@@ -87,7 +106,7 @@ func (m *usageModel) check(admitted, denied map[string]bool) error {
 	marks := map[string]usagePos{}
 	counted := map[id]bool{}
 	times := map[string]int{}
-	for _, r := range m.stream {
+	for _, r := range stream {
 		k := id{r.origin, r.pos}
 		if w, ok := marks[r.origin]; ok && !w.less(r.pos) {
 			if !counted[k] {
@@ -116,3 +135,45 @@ func (m *usageModel) check(admitted, denied map[string]bool) error {
 
 // callID names client call n in its descriptor.
 func callID(n int) string { return strconv.Itoa(n) }
+
+// messages returns the stream as the ledger reads it: each publisher's
+// consecutive records of one policy cut into batches of 1 to 7 (sizes
+// drawn from the records' positions, so a run replays exactly), each
+// encoded grouped by key and decoded again, its records' origins and
+// positions read from their ids.
+func (m *usageModel) messages() ([]usageRec, error) {
+	var out []usageRec
+	for start := 0; start < len(m.stream); {
+		first := m.stream[start]
+		size := 1 + int(first.pos.seq+uint64(first.pos.idx))%7
+		end := start + 1
+		for end < len(m.stream) && end-start < size && m.stream[end].pub == first.pub && m.stream[end].policy == first.policy {
+			end++
+		}
+		recs := make([]usage.Record, 0, end-start)
+		for _, r := range m.stream[start:end] {
+			recs = append(recs, r.rec)
+		}
+		data := usage.EncodeGrouped(first.pub[:strings.IndexByte(first.pub, '.')], first.policy, first.pub+"."+strconv.Itoa(start), recs)
+		b, err := usage.DecodeBatch(data)
+		if err != nil {
+			return nil, fmt.Errorf("U1: the usage message of records %d..%d does not decode: %v: %s", start, end-1, err, data)
+		}
+		if len(b.Records) != end-start {
+			return nil, fmt.Errorf("U1: the usage message of records %d..%d holds %d records", start, end-1, len(b.Records))
+		}
+		for i := range b.Records {
+			if got, want := b.Records[i], m.stream[start+i].rec; !reflect.DeepEqual(got, want) {
+				return nil, fmt.Errorf("U1: record %d published as %+v, decoded as %+v", start+i, want, got)
+			}
+			origin, pos, ok := usage.ParseJournalID(b.Records[i].ID)
+			if !ok {
+				return nil, fmt.Errorf("U1: record %d decoded with id %q, not a journalled id", start+i, b.Records[i].ID)
+			}
+			call, _ := b.Records[i].Descriptor.Get("call")
+			out = append(out, usageRec{origin: origin, pos: usagePos{pos.JSeq, pos.Idx}, call: call})
+		}
+		start = end
+	}
+	return out, nil
+}

@@ -38,6 +38,15 @@ func DecodeBatch(data []byte) (Batch, error) {
 	return d.batch()
 }
 
+// decodeLedger is DecodeBatch for the ledger: the records of a grouped
+// message get no ids (the ledger reads a grouped message's journal
+// positions from the batch, and counts its other records once per
+// message).
+func decodeLedger(data []byte) (Batch, error) {
+	d := decoder{data: string(data), noIDs: true}
+	return d.batch()
+}
+
 // decodeError is a rejection naming the offending field.
 type decodeError struct {
 	path   string
@@ -61,9 +70,10 @@ const dimSlab = 1024
 
 // decoder reads one batch from data; pos is the next byte.
 type decoder struct {
-	data string
-	pos  int
-	dims []policies.Dim // free part of the slab descriptors are cut from
+	data  string
+	pos   int
+	dims  []policies.Dim // free part of the slab descriptors are cut from
+	noIDs bool           // grouped records get no ids (decodeLedger)
 }
 
 // loc names a field for error messages; its text is built only when an

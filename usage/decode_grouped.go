@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/limitmesh/limitmesh/policies"
 )
@@ -38,6 +39,15 @@ type groupedRaw struct {
 	journal     []int64
 	requestIDs  []indexed
 	ids         []indexed
+}
+
+// capHint is the capacity for a per-decision array: n when it came
+// first (as publishers write it), within bounds.
+func (g *groupedRaw) capHint() int {
+	if g.seen&gN != 0 {
+		return int(g.n)
+	}
+	return 64
 }
 
 // rawGroup is one element of "keys" as read.
@@ -120,9 +130,9 @@ func (d *decoder) groupedField(name string, g *groupedRaw) (known bool, err erro
 			return err
 		})
 	case gOrder:
-		g.order, err = d.ints(at, g.order[:0], false)
+		g.order, err = d.ints(at, make([]int64, 0, g.capHint()), false)
 	case gDt:
-		g.dt, err = d.ints(at, g.dt[:0], true)
+		g.dt, err = d.ints(at, make([]int64, 0, g.capHint()), true)
 	case gOrigins:
 		err = d.array(at, func(int) error {
 			s, err := d.str(at)
@@ -596,43 +606,8 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 			}
 		}
 	}
-	// Ids: one string for the batch's derived ids.
-	size := 0
-	for i := range recs {
-		switch {
-		case recs[i].ID != "":
-		case jo[i] >= 0:
-			size += len(g.origins[jo[i]]) + 24
-		default:
-			size += len(g.batch) + 8
-		}
-	}
-	buf := make([]byte, 0, size)
-	ends := make([]int, n)
-	for i := range recs {
-		switch {
-		case recs[i].ID != "":
-		case jo[i] >= 0:
-			o := g.origins[jo[i]]
-			buf = append(buf, o...)
-			buf = append(buf, ".j"...)
-			buf = strconv.AppendUint(buf, jp[i].JSeq, 10)
-			buf = append(buf, '.')
-			buf = strconv.AppendUint(buf, uint64(jp[i].Idx), 10)
-		default:
-			buf = append(buf, g.batch...)
-			buf = append(buf, '.')
-			buf = strconv.AppendInt(buf, int64(i), 10)
-		}
-		ends[i] = len(buf)
-	}
-	ids := string(buf)
-	from := 0
-	for i := range recs {
-		if recs[i].ID == "" {
-			recs[i].ID = ids[from:ends[i]]
-			from = ends[i]
-		}
+	if !d.noIDs {
+		deriveIDs(recs, jo, jp, g.origins, g.batch)
 	}
 	b.Records, b.Groups, b.groupOf = recs, groups, groupOf
 	b.jOrigin, b.jPos, b.origins = jo, jp, g.origins
@@ -640,4 +615,63 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 		b.jOrigin = nil
 	}
 	return nil
+}
+
+// deriveIDs gives the records without an id theirs: <origin>.j<jseq>.<idx>
+// for a journalled one (jo[i] >= 0), else <batch>.<i>, all of them
+// substrings of one string.
+func deriveIDs(recs []Record, jo []int32, jp []JournalPos, origins []string, batch string) {
+	size := 0
+	for i := range recs {
+		switch {
+		case recs[i].ID != "":
+		case jo[i] >= 0:
+			size += len(origins[jo[i]]) + 24
+		default:
+			size += len(batch) + 8
+		}
+	}
+	var sb strings.Builder
+	sb.Grow(size)
+	var num [24]byte
+	for i := range recs {
+		switch {
+		case recs[i].ID != "":
+		case jo[i] >= 0:
+			sb.WriteString(origins[jo[i]])
+			sb.WriteString(".j")
+			sb.Write(strconv.AppendUint(num[:0], jp[i].JSeq, 10))
+			sb.WriteByte('.')
+			sb.Write(strconv.AppendUint(num[:0], uint64(jp[i].Idx), 10))
+		default:
+			sb.WriteString(batch)
+			sb.WriteByte('.')
+			sb.Write(strconv.AppendInt(num[:0], int64(i), 10))
+		}
+	}
+	ids := sb.String()
+	from := 0
+	for i := range recs {
+		if recs[i].ID != "" {
+			continue
+		}
+		var n int
+		if jo[i] >= 0 {
+			n = len(origins[jo[i]]) + 2 + digits(jp[i].JSeq) + 1 + digits(uint64(jp[i].Idx))
+		} else {
+			n = len(batch) + 1 + digits(uint64(i))
+		}
+		recs[i].ID = ids[from : from+n]
+		from += n
+	}
+}
+
+// digits returns the number of decimal digits of v.
+func digits(v uint64) int {
+	n := 1
+	for v >= 10 {
+		v /= 10
+		n++
+	}
+	return n
 }

@@ -229,7 +229,7 @@ func (s *session) ingest(ctx context.Context, msgs []jetstream.Msg) error {
 		s.caughtUp = meta.NumPending == 0
 		it := item{seq: seq}
 		if policy, ok := PolicyOfSubject(r.cfg.Prefix, m.Subject()); ok {
-			b, err := DecodeBatch(m.Data())
+			b, err := decodeLedger(m.Data())
 			switch {
 			case err != nil:
 				r.log.Debug("invalid usage message skipped", "seq", seq, "subject", m.Subject(), "err", err)

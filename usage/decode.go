@@ -38,12 +38,12 @@ func DecodeBatch(data []byte) (Batch, error) {
 	return d.batch()
 }
 
-// decodeLedger is DecodeBatch for the ledger: the records of a grouped
-// message get no ids (the ledger reads a grouped message's journal
-// positions from the batch, and counts its other records once per
-// message).
+// decodeLedger is DecodeBatch for the ledger: a grouped message is checked
+// as DecodeBatch checks it, but gets its records (without ids) only when
+// Batch.records asks for them: the ledger applies groups' totals and
+// reads journal positions from the batch.
 func decodeLedger(data []byte) (Batch, error) {
-	d := decoder{data: string(data), noIDs: true}
+	d := decoder{data: string(data), noIDs: true, noRecords: true}
 	return d.batch()
 }
 
@@ -70,16 +70,18 @@ const dimSlab = 1024
 
 // decoder reads one batch from data; pos is the next byte.
 type decoder struct {
-	data  string
-	pos   int
-	dims  []policies.Dim // free part of the slab descriptors are cut from
-	noIDs bool           // grouped records get no ids (decodeLedger)
+	data      string
+	pos       int
+	dims      []policies.Dim // free part of the slab descriptors are cut from
+	noIDs     bool           // grouped records get no ids (decodeLedger)
+	noRecords bool           // grouped messages get no records until asked (decodeLedger)
 }
 
 // loc names a field for error messages; its text is built only when an
 // error is reported. rec < 0 for the batch's own fields.
 type loc struct {
 	rec   int
+	grp   int // 1 + the index of a grouped message's group ("keys[i]"); 0: none
 	field string
 	sub   string
 }
@@ -88,6 +90,9 @@ func (l loc) String() string {
 	var parts []string
 	if l.rec >= 0 {
 		parts = append(parts, "records["+strconv.Itoa(l.rec)+"]")
+	}
+	if l.grp > 0 {
+		parts = append(parts, "keys["+strconv.Itoa(l.grp-1)+"]")
 	}
 	for _, p := range []string{l.field, l.sub} {
 		if p != "" {

@@ -181,8 +181,95 @@ func (d *decoder) array(at loc, elem func(i int) error) error {
 }
 
 // ints reads an array of integers (negative ones too when signed) into
-// dst.
+// dst. The array as publishers write it (no spaces, integers of at most
+// 18 digits without leading zeros) is read in one loop; anything else
+// takes the general path from where that loop stopped.
 func (d *decoder) ints(at loc, dst []int64, signed bool) ([]int64, error) {
+	d.ws()
+	data, i := d.data, d.pos
+	if i < len(data) && data[i] == '[' && i+1 < len(data) && data[i+1] != ']' {
+		i++
+		for len(dst) < maxGrouped {
+			start := i
+			neg := false
+			if signed && i < len(data) && data[i] == '-' {
+				neg = true
+				i++
+			}
+			ds := i
+			var v int64
+			for i < len(data) && i-ds < 18 && data[i] >= '0' && data[i] <= '9' {
+				v = v*10 + int64(data[i]-'0')
+				i++
+			}
+			if i == ds || i-ds > 1 && data[ds] == '0' || neg && v == 0 || i == len(data) || data[i] != ',' && data[i] != ']' {
+				i = start // not the plain form: the general path reads this element on
+				break
+			}
+			if neg {
+				v = -v
+			}
+			dst = append(dst, v)
+			i++
+			if data[i-1] == ']' {
+				d.pos = i
+				return dst, nil
+			}
+		}
+		if len(dst) > 0 {
+			// Continue the array from element len(dst) in the general form.
+			d.pos = i
+			return d.intsRest(at, dst, signed)
+		}
+	}
+	return d.intsRest(at, dst[:0], signed)
+}
+
+// intsRest is ints' general path: from d.pos, the array's opening bracket
+// when dst is empty, else the element after dst's last.
+func (d *decoder) intsRest(at loc, dst []int64, signed bool) ([]int64, error) {
+	elem := func() error {
+		neg := false
+		if signed && d.peek() == '-' {
+			neg = true
+			d.pos++
+		}
+		u, err := d.uint(at)
+		if err != nil {
+			return err
+		}
+		if u > math.MaxInt64 {
+			return fail(at, "has a number out of range")
+		}
+		v := int64(u)
+		if neg {
+			if v == 0 {
+				return fail(at, `has "-0"`)
+			}
+			v = -v
+		}
+		dst = append(dst, v)
+		return nil
+	}
+	if len(dst) > 0 {
+		for {
+			if len(dst) >= maxGrouped {
+				return dst, fail(at, "has over "+strconv.Itoa(maxGrouped)+" elements")
+			}
+			if err := elem(); err != nil {
+				return dst, err
+			}
+			switch d.peek() {
+			case ',':
+				d.pos++
+			case ']':
+				d.pos++
+				return dst, nil
+			default:
+				return dst, fail(at, "unexpected input after an element")
+			}
+		}
+	}
 	err := d.array(at, func(int) error {
 		neg := false
 		if signed && d.peek() == '-' {
@@ -235,10 +322,13 @@ func (d *decoder) pairs(at loc, dst []indexed) ([]indexed, error) {
 	return dst, err
 }
 
+// keyLoc names group i of a grouped message.
+func keyLoc(i int) loc { return loc{rec: -1, grp: i + 1} }
+
 // group reads element i of "keys".
 func (d *decoder) group(keysAt loc, i int) (rawGroup, error) {
 	var rg rawGroup
-	self := loc{rec: -1, field: "keys[" + strconv.Itoa(i) + "]"}
+	self := keyLoc(i)
 	var seen uint16
 	const (
 		kKey = 1 << iota
@@ -436,13 +526,13 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 	}
 	for gi, c := range counts {
 		if c == 0 {
-			return fail(loc{rec: -1, field: "keys[" + strconv.Itoa(gi) + "]"}, "has no decision in order")
+			return fail(keyLoc(gi), "has no decision in order")
 		}
 	}
 	groups := make([]KeyGroup, len(g.keys))
 	for gi := range g.keys {
 		rg := &g.keys[gi]
-		at := loc{rec: -1, field: "keys[" + strconv.Itoa(gi) + "]"}
+		at := keyLoc(gi)
 		if len(rg.results) != counts[gi] {
 			return fail(at.with("results"), "has "+strconv.Itoa(len(rg.results))+" letters for "+strconv.Itoa(counts[gi])+" decisions")
 		}
@@ -475,110 +565,104 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 			kg.Descriptor = desc
 		}
 	}
-	// The decisions, in batch order.
-	recs := make([]Record, n)
-	groupOf := make([]int32, n)
-	next := make([]int, len(g.keys)) // per group: its next decision
-	jo := make([]int32, n)
-	jp := make([]JournalPos, n)
-	journalled := 0
+	// The decisions, in batch order: their times, results and costs
+	// make the groups' totals and spans.
+	next := make([]int32, len(g.keys)) // per group: its next decision
+	var want int64 // the journalled decisions the runs name
+	for r := 3; r < len(g.journal); r += 4 {
+		want += max(0, g.journal[r])
+	}
+	journal := make([]journalled, 0, min(want, int64(n)))
 	t := lo
 	for i := 0; i < n; i++ {
 		gi := g.order[i]
 		rg, kg := &g.keys[gi], &groups[gi]
 		k := next[gi]
 		next[gi]++
-		if g.dt[i] > 0 && t > math.MaxInt64-g.dt[i] || g.dt[i] < 0 && t < math.MinInt64-g.dt[i] {
+		dt := g.dt[i]
+		if dt > 0 && t > math.MaxInt64-dt || dt < 0 && t < math.MinInt64-dt {
 			return fail(top.with("dt_us"), "entry "+strconv.Itoa(i)+" is out of range")
 		}
-		t += g.dt[i]
+		t += dt
 		if t < lo || t > hi {
 			return fail(top.with("dt_us"), "entry "+strconv.Itoa(i)+" puts a decision outside the batch's [t_us, t_us+span_us]")
 		}
-		r := &recs[i]
-		r.TimeUs, r.Revision, r.Key, r.Descriptor = t, kg.Revision, kg.Key, kg.Descriptor
-		r.Cost = rg.cost
+		cost := rg.cost
 		if rg.costs != nil {
-			r.Cost = rg.costs[k]
+			cost = rg.costs[k]
 		}
-		switch rg.results[k] {
+		switch c := rg.results[k]; c {
 		case 'a', 'A':
-			r.Allowed = true
-			kg.Allowed++
-			if kg.AllowedUnits > math.MaxInt64-r.Cost {
-				return fail(loc{rec: -1, field: "keys[" + strconv.Itoa(int(gi)) + "]"}, "allowed units overflow")
+			if kg.AllowedUnits > math.MaxInt64-cost {
+				return fail(keyLoc(int(gi)), "allowed units overflow")
 			}
-			kg.AllowedUnits += r.Cost
+			kg.Allowed++
+			kg.AllowedUnits += cost
 			kg.MaxAllowedUs = max(kg.MaxAllowedUs, t)
 		case 'd', 'D':
-			kg.Denied++
-			if kg.DeniedUnits > math.MaxInt64-r.Cost {
-				return fail(loc{rec: -1, field: "keys[" + strconv.Itoa(int(gi)) + "]"}, "denied units overflow")
+			if kg.DeniedUnits > math.MaxInt64-cost {
+				return fail(keyLoc(int(gi)), "denied units overflow")
 			}
-			kg.DeniedUnits += r.Cost
+			kg.Denied++
+			kg.DeniedUnits += cost
 		default:
-			return fail(loc{rec: -1, field: "keys[" + strconv.Itoa(int(gi)) + "]", sub: "results"}, "has "+strconv.Quote(rg.results[k:k+1])+", not one of a, A, d, D")
+			return fail(keyLoc(int(gi)).with("results"), "has "+strconv.Quote(rg.results[k:k+1])+", not one of a, A, d, D")
 		}
 		if k == 0 {
 			kg.MinUs, kg.MaxUs = t, t
 		} else {
 			kg.MinUs, kg.MaxUs = min(kg.MinUs, t), max(kg.MaxUs, t)
 		}
-		jo[i] = -1
 		if rg.results[k] <= 'Z' {
-			jo[i] = 0 // journalled: its position is filled below
-			journalled++
+			journal = append(journal, journalled{i: int32(i), group: int32(gi), tUs: t})
 		}
-		groupOf[i] = int32(gi)
 	}
 	for gi := range g.keys {
 		rg, kg := &g.keys[gi], &groups[gi]
-		at := loc{rec: -1, field: "keys[" + strconv.Itoa(gi) + "]"}
 		if uint64(kg.Allowed) != rg.allowed || kg.AllowedUnits != rg.allowedU || uint64(kg.Denied) != rg.denied || kg.DeniedUnits != rg.deniedU {
-			return fail(at, "its totals disagree with its decisions")
+			return fail(keyLoc(gi), "its totals disagree with its decisions")
 		}
 	}
-	// Journal positions, in batch order.
+	// Journal positions: the journalled decisions take the runs' in order.
 	if len(g.journal)%4 != 0 {
 		return fail(top.with("journal"), "is not runs of four numbers")
-	}
-	run, left := 0, int64(0)
-	var cur JournalPos
-	var curO int32
-	for i := 0; i < n; i++ {
-		if jo[i] < 0 {
-			continue
-		}
-		for left == 0 {
-			if run+4 > len(g.journal) {
-				return fail(top.with("journal"), "has positions for fewer decisions than are journalled")
-			}
-			o, jseq, idx, cnt := g.journal[run], g.journal[run+1], g.journal[run+2], g.journal[run+3]
-			run += 4
-			if o >= int64(len(g.origins)) || cnt <= 0 || idx+cnt-1 > math.MaxUint32 {
-				return fail(top.with("journal"), "run "+strconv.Itoa(run/4-1)+" is out of range")
-			}
-			curO, cur, left = int32(o), JournalPos{JSeq: uint64(jseq), Idx: uint32(idx)}, cnt
-		}
-		jo[i], jp[i] = curO, cur
-		cur.Idx++
-		left--
-	}
-	if left != 0 || run != len(g.journal) {
-		return fail(top.with("journal"), "has positions for more decisions than are journalled")
 	}
 	for _, o := range g.origins {
 		if len(o)+24 > MaxIDLen {
 			return fail(top.with("origins"), "has an origin over "+strconv.Itoa(MaxIDLen-24)+" bytes")
 		}
 	}
-	// Request ids and explicit ids: increasing indexes below n.
+	run, left := 0, int64(0)
+	var cur JournalPos
+	var curO int32
+	for j := range journal {
+		for left == 0 {
+			if run+4 > len(g.journal) {
+				return fail(top.with("journal"), "has positions for fewer decisions than are journalled")
+			}
+			o, jseq, idx, cnt := g.journal[run], g.journal[run+1], g.journal[run+2], g.journal[run+3]
+			run += 4
+			if o >= int64(len(g.origins)) || cnt <= 0 || idx > math.MaxUint32 || cnt-1 > math.MaxUint32-idx {
+				return fail(top.with("journal"), "run "+strconv.Itoa(run/4-1)+" is out of range")
+			}
+			curO, cur, left = int32(o), JournalPos{JSeq: uint64(jseq), Idx: uint32(idx)}, cnt
+		}
+		journal[j].origin, journal[j].pos = curO, cur
+		cur.Idx++
+		left--
+	}
+	if left != 0 || run != len(g.journal) {
+		return fail(top.with("journal"), "has positions for more decisions than are journalled")
+	}
+	// Request ids and explicit ids: increasing indexes below n, explicit
+	// ids only for decisions not journalled.
 	for _, f := range []struct {
 		name string
 		list []indexed
 	}{{"request_ids", g.requestIDs}, {"ids", g.ids}} {
 		at := top.with(f.name)
 		last := int64(-1)
+		jn := 0
 		for _, p := range f.list {
 			if p.i <= last || p.i >= int64(n) {
 				return fail(at, "index "+strconv.FormatInt(p.i, 10)+" is out of order or range")
@@ -591,78 +675,129 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 				if reason := printable(p.v); reason != "" || p.v == "" {
 					return fail(at, "has one that "+reason)
 				}
-				recs[p.i].RequestID = p.v
-			} else {
-				if jo[p.i] >= 0 {
-					return fail(at, "names a journalled decision")
-				}
-				if err := checkID(at, p.v); err != nil {
-					return err
-				}
-				if _, _, ok := ParseJournalID(p.v); ok {
-					return fail(at, "has a journalled id (journalled decisions take their positions from \"journal\")")
-				}
-				recs[p.i].ID = p.v
+				continue
+			}
+			for jn < len(journal) && int64(journal[jn].i) < p.i {
+				jn++
+			}
+			if jn < len(journal) && int64(journal[jn].i) == p.i {
+				return fail(at, "names a journalled decision")
+			}
+			if err := checkID(at, p.v); err != nil {
+				return err
+			}
+			if _, _, ok := ParseJournalID(p.v); ok {
+				return fail(at, "has a journalled id (journalled decisions take their positions from \"journal\")")
 			}
 		}
 	}
-	if !d.noIDs {
-		deriveIDs(recs, jo, jp, g.origins, g.batch)
+	b.Groups, b.journal, b.origins, b.raw = groups, journal, g.origins, g
+	if d.noRecords {
+		return nil
 	}
-	b.Records, b.Groups, b.groupOf = recs, groups, groupOf
-	b.jOrigin, b.jPos, b.origins = jo, jp, g.origins
-	if journalled == 0 {
-		b.jOrigin = nil
-	}
+	b.Records = g.records(b, !d.noIDs)
 	return nil
 }
 
-// deriveIDs gives the records without an id theirs: <origin>.j<jseq>.<idx>
-// for a journalled one (jo[i] >= 0), else <batch>.<i>, all of them
-// substrings of one string.
-func deriveIDs(recs []Record, jo []int32, jp []JournalPos, origins []string, batch string) {
-	size := 0
+// journalled is a journalled decision of a grouped message: its index in
+// the batch, its group, time, origin (in the batch's origins) and
+// position.
+type journalled struct {
+	i, group int32
+	tUs      int64
+	origin   int32
+	pos      JournalPos
+}
+
+// records builds the records (the v1.1 view) of a grouped message that
+// assemble checked; with ids, each gets its id.
+func (g *groupedRaw) records(b *Batch, ids bool) []Record {
+	n := int(g.n)
+	recs := make([]Record, n)
+	next := make([]int32, len(g.keys))
+	t := int64(g.tUs)
 	for i := range recs {
-		switch {
-		case recs[i].ID != "":
-		case jo[i] >= 0:
-			size += len(origins[jo[i]]) + 24
-		default:
-			size += len(batch) + 8
+		gi := g.order[i]
+		rg, kg := &g.keys[gi], &b.Groups[gi]
+		k := next[gi]
+		next[gi]++
+		t += g.dt[i]
+		r := &recs[i]
+		r.TimeUs, r.Revision, r.Key, r.Descriptor = t, kg.Revision, kg.Key, kg.Descriptor
+		r.Cost = rg.cost
+		if rg.costs != nil {
+			r.Cost = rg.costs[k]
+		}
+		r.Allowed = rg.results[k] == 'a' || rg.results[k] == 'A'
+	}
+	for _, p := range g.requestIDs {
+		recs[p.i].RequestID = p.v
+	}
+	if ids {
+		for _, p := range g.ids {
+			recs[p.i].ID = p.v
+		}
+		deriveIDs(recs, b.journal, g.origins, g.batch)
+	}
+	return recs
+}
+
+// deriveIDs gives the records without an id theirs: <origin>.j<jseq>.<idx>
+// for a journalled one, else <batch>.<i>, all of them substrings of one
+// string.
+func deriveIDs(recs []Record, journal []journalled, origins []string, batch string) {
+	idLen := func(i, jn int) int {
+		if jn < len(journal) && int(journal[jn].i) == i {
+			j := &journal[jn]
+			return len(origins[j.origin]) + 2 + digits(j.pos.JSeq) + 1 + digits(uint64(j.pos.Idx))
+		}
+		return len(batch) + 1 + digits(uint64(i))
+	}
+	size, jn := 0, 0
+	for i := range recs {
+		if recs[i].ID == "" {
+			size += idLen(i, jn)
+		}
+		if jn < len(journal) && int(journal[jn].i) == i {
+			jn++
 		}
 	}
 	var sb strings.Builder
 	sb.Grow(size)
 	var num [24]byte
+	jn = 0
 	for i := range recs {
-		switch {
-		case recs[i].ID != "":
-		case jo[i] >= 0:
-			sb.WriteString(origins[jo[i]])
-			sb.WriteString(".j")
-			sb.Write(strconv.AppendUint(num[:0], jp[i].JSeq, 10))
-			sb.WriteByte('.')
-			sb.Write(strconv.AppendUint(num[:0], uint64(jp[i].Idx), 10))
-		default:
-			sb.WriteString(batch)
-			sb.WriteByte('.')
-			sb.Write(strconv.AppendInt(num[:0], int64(i), 10))
+		isJ := jn < len(journal) && int(journal[jn].i) == i
+		if recs[i].ID == "" {
+			if isJ {
+				j := &journal[jn]
+				sb.WriteString(origins[j.origin])
+				sb.WriteString(".j")
+				sb.Write(strconv.AppendUint(num[:0], j.pos.JSeq, 10))
+				sb.WriteByte('.')
+				sb.Write(strconv.AppendUint(num[:0], uint64(j.pos.Idx), 10))
+			} else {
+				sb.WriteString(batch)
+				sb.WriteByte('.')
+				sb.Write(strconv.AppendInt(num[:0], int64(i), 10))
+			}
+		}
+		if isJ {
+			jn++
 		}
 	}
-	ids := sb.String()
+	all := sb.String()
 	from := 0
+	jn = 0
 	for i := range recs {
-		if recs[i].ID != "" {
-			continue
+		if recs[i].ID == "" {
+			l := idLen(i, jn)
+			recs[i].ID = all[from : from+l]
+			from += l
 		}
-		var n int
-		if jo[i] >= 0 {
-			n = len(origins[jo[i]]) + 2 + digits(jp[i].JSeq) + 1 + digits(uint64(jp[i].Idx))
-		} else {
-			n = len(batch) + 1 + digits(uint64(i))
+		if jn < len(journal) && int(journal[jn].i) == i {
+			jn++
 		}
-		recs[i].ID = ids[from : from+n]
-		from += n
 	}
 }
 

@@ -350,9 +350,9 @@ func BenchmarkEncodeGrouped(b *testing.B) {
 	es := make([]entry, len(batch.Records))
 	for i, r := range batch.Records {
 		es[i].r = r
-		if o := batch.jOrigin[i]; o >= 0 {
+		if _, pos, ok := ParseJournalID(r.ID); ok {
 			es[i].r.ID = ""
-			es[i].node, es[i].boot, es[i].pos = "n1", "0123456789abcdef", batch.jPos[i]
+			es[i].node, es[i].boot, es[i].pos = "n1", "0123456789abcdef", pos
 		}
 	}
 	var g groupEncoder

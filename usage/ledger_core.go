@@ -2,6 +2,7 @@ package usage
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -45,7 +46,7 @@ type ledgerCore struct {
 	dayIdx     int64 // the UTC day (Unix days) day and month are of; MinInt64: none
 	day, month string
 
-	skip []bool // applyGrouped's: per record, skipped as counted before
+	skip []int32 // applyGrouped's: the records skipped as counted before
 	slow []bool // applyGrouped's: per group, applied record by record
 }
 
@@ -142,8 +143,9 @@ func (c *ledgerCore) missing(b *Batch, entry func(entryID), origin func(string))
 // missingRecords calls entry for the totals entries of b's records that c
 // does not hold.
 func (c *ledgerCore) missingRecords(b *Batch, entry func(entryID)) {
-	for i := range b.Records {
-		r := &b.Records[i]
+	recs := b.records()
+	for i := range recs {
+		r := &recs[i]
 		day, month := c.periods(r.TimeUs)
 		for _, per := range [2]string{day, month} {
 			id := entryID{b.Policy, per, r.Key}
@@ -290,19 +292,11 @@ func (c *ledgerCore) applyGrouped(seq uint64, b *Batch) (counted, dup int) {
 	// count; a group with one that does not is applied record by record.
 	c.skip = c.skip[:0]
 	c.slow = append(c.slow[:0], make([]bool, len(b.Groups))...)
-	if b.jOrigin != nil {
-		for i, o := range b.jOrigin {
-			if o < 0 {
-				continue
-			}
-			if !c.advance(seq, b.Policy, b.origins[o], b.jPos[i], b.Records[i].TimeUs) {
-				if len(c.skip) == 0 {
-					c.skip = append(c.skip, make([]bool, len(b.Records))...)
-				}
-				c.skip[i] = true
-				c.slow[b.groupOf[i]] = true
-				dup++
-			}
+	for _, j := range b.journal {
+		if !c.advance(seq, b.Policy, b.origins[j.origin], j.pos, j.tUs) {
+			c.skip = append(c.skip, j.i)
+			c.slow[j.group] = true
+			dup++
 		}
 	}
 	for gi := range b.Groups {
@@ -333,12 +327,21 @@ func (c *ledgerCore) applyGrouped(seq uint64, b *Batch) (counted, dup int) {
 		}
 		counted += int(g.Allowed + g.Denied)
 	}
-	for i := range b.Records {
-		if !c.slow[b.groupOf[i]] || len(c.skip) > 0 && c.skip[i] {
+	if !slices.Contains(c.slow, true) {
+		return counted, dup
+	}
+	recs := b.records()
+	skip := c.skip // increasing
+	for i := range recs {
+		if len(skip) > 0 && int(skip[0]) == i {
+			skip = skip[1:]
+			continue
+		}
+		if !c.slow[b.groupOf(i)] {
 			continue
 		}
 		counted++
-		c.count(seq, b.Policy, &b.Records[i])
+		c.count(seq, b.Policy, &recs[i])
 	}
 	return counted, dup
 }

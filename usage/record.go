@@ -34,10 +34,29 @@ type Batch struct {
 	// for a v1.1 message; Records are its decisions all the same.
 	Groups []KeyGroup
 
-	groupOf []int32      // per record: its group (grouped messages)
-	jOrigin []int32      // per record: its origin in origins, -1: not journalled; nil: none is
-	jPos    []JournalPos // per record: its journal position
-	origins []string
+	journal []journalled // a grouped message's journalled decisions, in order
+	origins []string     // their origins
+	raw     *groupedRaw  // a grouped message's fields (Records are built from them when needed)
+}
+
+// Len returns the number of decisions in b.
+func (b *Batch) Len() int {
+	if b.Records == nil && b.raw != nil {
+		return int(b.raw.n)
+	}
+	return len(b.Records)
+}
+
+// groupOf returns the group of decision i of a grouped message.
+func (b *Batch) groupOf(i int) int32 { return int32(b.raw.order[i]) }
+
+// records returns b's records, building them first for a grouped message
+// decoded without them (decodeLedger).
+func (b *Batch) records() []Record {
+	if b.Records == nil && b.raw != nil {
+		b.Records = b.raw.records(b, false)
+	}
+	return b.Records
 }
 
 // Field limits of the usage stream.

@@ -568,7 +568,7 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 	// The decisions, in batch order: their times, results and costs
 	// make the groups' totals and spans.
 	next := make([]int32, len(g.keys)) // per group: its next decision
-	var want int64 // the journalled decisions the runs name
+	var want int64                     // the journalled decisions the runs name
 	for r := 3; r < len(g.journal); r += 4 {
 		want += max(0, g.journal[r])
 	}

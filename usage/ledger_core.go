@@ -47,7 +47,7 @@ type ledgerCore struct {
 	day, month string
 
 	skip []int32 // applyGrouped's: the records skipped as counted before
-	slow []bool // applyGrouped's: per group, applied record by record
+	slow []bool  // applyGrouped's: per group, applied record by record
 }
 
 // entryID names a totals entry.

@@ -375,3 +375,20 @@ func BenchmarkDecodeGroupedLedger(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*10000)/b.Elapsed().Seconds(), "records/s")
 }
+
+// The integer arrays' one-loop path and the general path agree on every
+// input: the same numbers, or both an error.
+func FuzzInts(f *testing.F) {
+	for _, s := range []string{`[0,1,-2,33]`, `[ 1 ,2]`, `[-0]`, `[01]`, `[1,]`, `[]`, `[ ]`, `[1234567890123456789,2]`, `[1e3]`, `[-]`, `[1,-5`} {
+		f.Add(s, true)
+	}
+	f.Fuzz(func(t *testing.T, s string, signed bool) {
+		fast := decoder{data: s}
+		a, errA := fast.ints(top, nil, signed)
+		slow := decoder{data: s}
+		b, errB := slow.intsRest(top, nil, signed)
+		if (errA == nil) != (errB == nil) || errA == nil && (!reflect.DeepEqual(a, b) || fast.pos != slow.pos) {
+			t.Fatalf("%q: one loop %v %v (at %d), general %v %v (at %d)", s, a, errA, fast.pos, b, errB, slow.pos)
+		}
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -529,8 +530,11 @@ func (s *session) track() {
 			if len(r.tracked) >= maxTracked {
 				continue
 			}
+			// The key's strings may share a usage message (takeTouched's
+			// keys are those of the last record applied), which a
+			// tracked key, kept for as long as an hour, must not keep.
 			tk = &trackedKey{}
-			r.tracked[pk] = tk
+			r.tracked[policyKey{strings.Clone(pk.policy), strings.Clone(pk.key)}] = tk
 		}
 		tk.lastUs = max(tk.lastUs, us)
 		tk.appliedAt = now

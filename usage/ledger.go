@@ -56,6 +56,10 @@ type ReconcilerConfig struct {
 	MaxCachedEntries int           // totals entries kept in memory between groups; default 200,000
 	OpTimeout        time.Duration // bounds each KV and stream operation; default 10 s
 	PruneInterval    time.Duration // how often watermarks older than the stream's retention are pruned; default 10 min
+	// RetentionInterval is how often the active reconciler checks how
+	// near the ledger's and the shadow evaluator's unread records are to
+	// the oldest the stream holds (retention.go); default 15 s.
+	RetentionInterval time.Duration
 
 	Registerer prometheus.Registerer // nil: metrics are not registered
 	Logger     *slog.Logger          // nil: no logs
@@ -195,6 +199,9 @@ func NewReconciler(ctx context.Context, js jetstream.JetStream, cfg ReconcilerCo
 	if cfg.PruneInterval <= 0 {
 		cfg.PruneInterval = DefaultPruneInterval
 	}
+	if cfg.RetentionInterval <= 0 {
+		cfg.RetentionInterval = DefaultRetentionInterval
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -230,7 +237,18 @@ func (r *Reconciler) Applied() uint64 { return r.applied.Load() }
 
 // Run keeps the ledger until ctx ends, then returns nil. A session that
 // fails (see Reconciler) is logged and started again after a short pause.
+// Meanwhile it checks the consumers' retention headroom every
+// RetentionInterval (retention.go).
 func (r *Reconciler) Run(ctx context.Context) error {
+	wctx, stopWatch := context.WithCancel(ctx)
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		newRetentionWatch(r.js, r.cfg.Prefix, r.m.retention, r.log).run(wctx, r.cfg.RetentionInterval, r.cfg.OpTimeout)
+	})
+	defer func() {
+		stopWatch()
+		watch.Wait()
+	}()
 	backoff := 100 * time.Millisecond
 	for {
 		err := r.session(ctx)
@@ -262,6 +280,7 @@ type ledgerMetrics struct {
 	corrupt     prometheus.Counter
 	corrections *prometheus.CounterVec
 	checks      *prometheus.CounterVec
+	retention   *retentionMetrics
 }
 
 func newLedgerMetrics(reg prometheus.Registerer) (*ledgerMetrics, error) {
@@ -292,9 +311,10 @@ func newLedgerMetrics(reg prometheus.Registerer) (*ledgerMetrics, error) {
 			Name: "limitmesh_reconcile_checks_total",
 			Help: "Comparisons of a key's quota limit with the ledger, by policy (each difference is also a correction).",
 		}, []string{"policy"}),
+		retention: newRetentionMetrics(),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.lag, m.invalid, records, m.corrupt, m.corrections, m.checks} {
+		for _, c := range append([]prometheus.Collector{m.lag, m.invalid, records, m.corrupt, m.corrections, m.checks}, m.retention.collectors()...) {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("%w: %w", errRegister, err)
 			}

@@ -107,6 +107,7 @@ type benchConfig struct {
 	quiet        bool
 	verbose      bool
 	cpuProfile   string
+	memProfile   string      // bench_mem.go
 	candidates   int         // shadow candidates on the run's descriptors (bench_shadow.go)
 	usage        bool        // the embedded node publishes usage records (NoUsage when false)
 	maxKeys      int64       // the policy's max_keys; 0: none (the default)
@@ -144,6 +145,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	c.flood.register(fs)
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the decide phase (this process: the embedded node too) to `file`; "+
 		"pprof cannot pause, so with --rounds > 1 it also covers the echo slices between the first and the last decide slice")
+	fs.StringVar(&c.memProfile, "memprofile", "", "write a heap profile (this process: the embedded node too) to `file` at the end of the decide phase")
 	fs.BoolVar(&c.usage, "usage", true, "the embedded node publishes usage records and keeps the ledger (false: usage off, to compare)")
 	fs.Usage = func() {
 		fmt.Fprintln(s.err, "usage: limitmesh bench [--nats-url URL] [--duration 10s] [--concurrency 64] [--keys 10000] [--zipf 1.1] [--mode strict] [--json]")
@@ -413,14 +415,20 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	cleanup = append(cleanup, stopFlood)
 	echo := r.newPhase("echo", plan.echoSubj, nil)
 	decide := r.newPhase("decide", plan.decideSubj, tally)
+	usageBefore, usageOK := markUsageStream(ctx, js, c)
 	if err := r.runRounds(ctx, echo, decide); err != nil {
+		return err
+	}
+	if err := writeHeapProfile(c.memProfile); err != nil {
 		return err
 	}
 	rep := r.report(echo.result(), decide.result(), tally)
 	rep.Shadow = sh.finish(ctx, rep.Decisions, progress)
 	rep.UsageLagMs, rep.UsagePending, rep.usageNote = measureUsageLag(ctx, js, c)
+	rep.measureUsageCost(ctx, js, c, usageBefore, usageOK)
 	rep.CPUPerDecisionUs, rep.EchoCPUPerRequestUs = cpuPer(decide.cpu, rep.Decisions), cpuPer(echo.cpu, rep.EchoRequests)
 	rep.Flood = fl.report()
+	rep.RSSPeakMB = peakRSSMB()
 	rep.print(s.out, c, plan)
 	rep.Shadow.print(s.out)
 	rep.Flood.print(s.out)

@@ -164,10 +164,14 @@ func runLeasedBench(ctx context.Context, c *benchConfig, plan *benchPlan, dist *
 			lb.runSlice(ctx, echo, false, perHolder, sl.d)
 		}
 	}
+	if err := writeHeapProfile(c.memProfile); err != nil {
+		return err
+	}
 	for _, h := range lb.holders {
 		_ = h.cl.Close() // return what the holders hold
 	}
 	rep := lb.report(echo, decide, regions)
+	rep.RSSPeakMB = peakRSSMB()
 	rep.print(s.out, c, plan)
 	fmt.Fprintf(s.out, "leased: %d holders, %d region(s), shift %v: utilization %.4f, local fraction %.4f, bound %s units (max_outstanding %s × %d keys)\n",
 		c.holders, regions, c.shift, *rep.Utilization, *rep.LocalFraction, formatUnits(int64(*rep.Bound*float64(kvstate.Unit))),

@@ -164,9 +164,18 @@ type benchReport struct {
 	UsageLagMs   *float64 `json:"usage_lag_ms"`
 	UsagePending *uint64  `json:"usage_pending"`
 	usageNote    string
+	// The usage stream's bytes per decision in the decide phase and the
+	// hours its limits hold at that rate (bench_usage.go); null when not
+	// measured.
+	UsageBytesPerDecision *float64 `json:"usage_bytes_per_decision"`
+	UsageRetentionHours   *float64 `json:"usage_retention_hours"`
+	usageCost             *usageStreamCost
 	// This process's CPU time per reply in each phase (bench_cpu.go).
 	CPUPerDecisionUs    float64 `json:"cpu_us_per_decision"`
 	EchoCPUPerRequestUs float64 `json:"echo_cpu_us_per_request"`
+	// This process's peak resident memory when the report was made, MB
+	// (bench_mem.go); null where it cannot be read.
+	RSSPeakMB *float64 `json:"rss_peak_mb"`
 	// Flood is the --flood load's figures (bench_flood.go); absent
 	// without one.
 	Flood *floodReport `json:"flood,omitempty"`
@@ -256,7 +265,9 @@ func (rep *benchReport) print(w io.Writer, c *benchConfig, plan *benchPlan) {
 	fmt.Fprintf(w, "overshoot: %s units on %d of %d keys with admissions (allowed: burst + rate x span per key)\n",
 		formatUnits(rep.OvershootMicro), rep.OvershootKeys, rep.KeysAdmitted)
 	rep.printUsageLag(w)
+	rep.printUsageBytes(w, c)
 	rep.printCPU(w, c)
+	rep.printMemory(w, c)
 }
 
 // formatUnits formats micro-units as a decimal number of units.

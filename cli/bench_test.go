@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -87,7 +89,8 @@ func TestBenchEmbeddedStrict(t *testing.T) {
 	// (the monotonic clock's rate may differ while the system clock is
 	// slewed).
 	start := time.Now().UnixNano()
-	code, m, out, errOut := benchJSON(t, "--duration", "300ms", "--echo-duration", "300ms",
+	heap := filepath.Join(t.TempDir(), "heap.pb.gz")
+	code, m, out, errOut := benchJSON(t, "--duration", "300ms", "--echo-duration", "300ms", "--memprofile", heap,
 		"--keys", "50", "--zipf", "0", "--concurrency", "8", "--conns", "2", "--rate", "1/s", "--burst", "2")
 	wall := time.Duration(time.Now().UnixNano() - start)
 	if code != 0 {
@@ -125,6 +128,21 @@ func TestBenchEmbeddedStrict(t *testing.T) {
 	if !strings.Contains(out, "µs per decision") {
 		t.Errorf("report lacks the CPU line:\n%s", out)
 	}
+	// The usage stream's cost and the memory.
+	if b, h := num(t, m, "usage_bytes_per_decision"), num(t, m, "usage_retention_hours"); b <= 0 || b > 2000 || h <= 0 || h > 24 {
+		t.Errorf("usage_bytes_per_decision %v, usage_retention_hours %v: want 0..2000 bytes and 0..24 h", b, h)
+	}
+	if rss := num(t, m, "rss_peak_mb"); rss <= 0 {
+		t.Errorf("rss_peak_mb = %v, want positive", rss)
+	}
+	for _, want := range []string{"usage stream: ", "usage retention: ", "memory: peak resident "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	if b, err := os.ReadFile(heap); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("--memprofile wrote no gzipped profile: %d bytes, %v", len(b), err)
+	}
 }
 
 // TestBenchUsageOff: --usage=false runs the embedded node without usage
@@ -142,6 +160,12 @@ func TestBenchUsageOff(t *testing.T) {
 	}
 	if !strings.Contains(out, "usage lag: off (--usage=false)") {
 		t.Errorf("report does not say usage is off:\n%s", out)
+	}
+	if v, ok := m["usage_bytes_per_decision"]; !ok || v != nil {
+		t.Errorf("usage_bytes_per_decision = %v (present %v), want null", v, ok)
+	}
+	if rss := num(t, m, "rss_peak_mb"); rss <= 0 {
+		t.Errorf("rss_peak_mb = %v, want positive", rss)
 	}
 	code, _, errOut = run(t, nil, "bench", "--usage=false", "--nats-url", "nats://127.0.0.1:1")
 	if code != 2 || !strings.Contains(errOut, "--usage=false") {

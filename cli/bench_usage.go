@@ -52,3 +52,180 @@ func (rep *benchReport) printUsageLag(w io.Writer) {
 	fmt.Fprintf(w, "usage lag: %.3f s (%d usage batches not yet in the ledger at the end of the run)\n",
 		*rep.UsageLagMs/1e3, *rep.UsagePending)
 }
+
+// The usage stream's bytes per decision of a bench run: the bytes the
+// usage stream took during the decide phase (its state's bytes, which are
+// what its max bytes limit counts: each message's subject, headers, body
+// and the store's per-message overhead), divided by the decisions; and
+// how long the stream's limits hold records at that many bytes per
+// decision and the run's decisions per second: min(max age, max bytes /
+// bytes per second, max msgs / messages per second). The state is read
+// before the first decide slice and once the stream has stopped growing
+// after the last (the nodes publish at least every --usage-interval). If
+// the stream discarded messages meanwhile (it was full), the bytes added
+// are estimated from the messages added and the mean size of those it
+// holds. Against a deployment (--nats-url), whatever else its nodes
+// decided meanwhile is counted too.
+
+// usageStreamMark is the usage stream's state at one instant.
+type usageStreamMark struct {
+	firstSeq, lastSeq uint64
+	msgs, bytes       uint64
+	cfg               jetstream.StreamConfig
+}
+
+// markUsageStream reads the usage stream's state; ok false when there is
+// none to read (usage off, no stream, a failed request).
+func markUsageStream(ctx context.Context, js jetstream.JetStream, c *benchConfig) (m usageStreamMark, ok bool) {
+	if !c.usage {
+		return m, false
+	}
+	mctx, cancel := context.WithTimeout(ctx, c.cf.timeout+5*time.Second)
+	defer cancel()
+	s, err := js.Stream(mctx, lmusage.StreamName(c.cf.prefix))
+	if err != nil {
+		return m, false
+	}
+	info, err := s.Info(mctx)
+	if err != nil {
+		return m, false
+	}
+	st := info.State
+	return usageStreamMark{firstSeq: st.FirstSeq, lastSeq: st.LastSeq, msgs: st.Msgs, bytes: st.Bytes, cfg: info.Config}, true
+}
+
+// settleUsageStream waits until the usage stream's last sequence has not
+// moved for settle (at most limit), and returns its state then.
+func settleUsageStream(ctx context.Context, js jetstream.JetStream, c *benchConfig, settle, limit time.Duration) (usageStreamMark, bool) {
+	deadline := time.Now().Add(limit)
+	last, ok := markUsageStream(ctx, js, c)
+	since := time.Now()
+	for ok && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(settle / 4)
+		m, ok2 := markUsageStream(ctx, js, c)
+		if !ok2 {
+			break
+		}
+		if m.lastSeq != last.lastSeq {
+			last, since = m, time.Now()
+			continue
+		}
+		last = m
+		if time.Since(since) >= settle {
+			break
+		}
+	}
+	return last, ok
+}
+
+// usageStreamCost is what the decide phase cost the usage stream.
+type usageStreamCost struct {
+	bytesPerDecision *float64
+	retentionHours   *float64 // nil: no limit bounds it
+	estimated        bool     // the stream discarded messages: bytes estimated
+	cfg              jetstream.StreamConfig
+	note             string
+}
+
+// usageCost computes the decide phase's usage stream cost from the
+// stream's state before and after it, the decisions and decisions per
+// second.
+func usageCost(before, after usageStreamMark, decisions int64, perSec float64) usageStreamCost {
+	out := usageStreamCost{cfg: after.cfg}
+	if decisions <= 0 {
+		out.note = "no decisions"
+		return out
+	}
+	newMsgs := after.lastSeq - min(before.lastSeq, after.lastSeq)
+	var added float64
+	switch {
+	case after.firstSeq == before.firstSeq || before.msgs == 0 && after.firstSeq <= before.lastSeq+1:
+		added = float64(after.bytes) - float64(before.bytes)
+	case after.msgs > 0:
+		out.estimated = true
+		added = float64(newMsgs) * float64(after.bytes) / float64(after.msgs)
+	}
+	bpd := math.Round(max(0, added)/float64(decisions)*10) / 10
+	out.bytesPerDecision = &bpd
+	hold := math.Inf(1) // seconds
+	if after.cfg.MaxAge > 0 {
+		hold = after.cfg.MaxAge.Seconds()
+	}
+	if bps := bpd * perSec; after.cfg.MaxBytes > 0 && bps > 0 {
+		hold = min(hold, float64(after.cfg.MaxBytes)/bps)
+	}
+	if mps := float64(newMsgs) / float64(decisions) * perSec; after.cfg.MaxMsgs > 0 && mps > 0 {
+		hold = min(hold, float64(after.cfg.MaxMsgs)/mps)
+	}
+	if !math.IsInf(hold, 1) {
+		h := math.Round(hold/3600*1000) / 1000
+		out.retentionHours = &h
+	}
+	return out
+}
+
+// measureUsageCost sets the report's usage stream figures from the
+// stream's state before the decide phase (ok false: none) and once it
+// settled after it.
+func (rep *benchReport) measureUsageCost(ctx context.Context, js jetstream.JetStream, c *benchConfig, before usageStreamMark, ok bool) {
+	switch {
+	case !ok:
+		return
+	case c.flood.factor > 0:
+		rep.usageCost = &usageStreamCost{note: "bytes per decision not measured with --flood (its decisions share the stream)"}
+		return
+	}
+	after, ok := settleUsageStream(ctx, js, c, time.Second, 10*time.Second)
+	if !ok {
+		return
+	}
+	u := usageCost(before, after, rep.Decisions, rep.DecisionsPerS)
+	rep.UsageBytesPerDecision, rep.UsageRetentionHours, rep.usageCost = u.bytesPerDecision, u.retentionHours, &u
+}
+
+// printUsageBytes writes the report's usage stream line.
+func (rep *benchReport) printUsageBytes(w io.Writer, c *benchConfig) {
+	u := rep.usageCost
+	if u == nil {
+		return
+	}
+	if u.bytesPerDecision == nil {
+		if u.note != "" {
+			fmt.Fprintf(w, "usage stream: %s\n", u.note)
+		}
+		return
+	}
+	est := ""
+	if u.estimated {
+		est = " (estimated: the stream was full and discarded its oldest messages)"
+	}
+	fmt.Fprintf(w, "usage stream: %.1f bytes per decision%s\n", *u.bytesPerDecision, est)
+	limits := fmt.Sprintf("max bytes %s, max age %s", formatBytes(u.cfg.MaxBytes), formatAge(u.cfg.MaxAge))
+	if u.retentionHours == nil {
+		fmt.Fprintf(w, "usage retention: unbounded (%s)\n", limits)
+		return
+	}
+	fmt.Fprintf(w, "usage retention: %.3f h at %.0f decisions/s (%.1f MB/s; %s)\n",
+		*u.retentionHours, rep.DecisionsPerS, *u.bytesPerDecision*rep.DecisionsPerS/1e6, limits)
+}
+
+// formatBytes formats a stream's byte limit (<= 0: none).
+func formatBytes(n int64) string {
+	switch {
+	case n <= 0:
+		return "none"
+	case n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// formatAge formats a stream's age limit (0: none).
+func formatAge(d time.Duration) string {
+	if d <= 0 {
+		return "none"
+	}
+	return d.String()
+}

@@ -243,6 +243,11 @@ func (s *session) ingest(ctx context.Context, msgs []jetstream.Msg) error {
 						minUs = t
 					}
 				}
+				for i := range b.Groups {
+					if t := b.Groups[i].MinUs; minUs < 0 || t < minUs {
+						minUs = t
+					}
+				}
 			}
 		} else {
 			r.log.Debug("usage message on an unknown subject skipped", "seq", seq, "subject", m.Subject())
@@ -270,7 +275,7 @@ func (s *session) ingest(ctx context.Context, msgs []jetstream.Msg) error {
 		c, d := s.core.apply(items[i].seq, &items[i].batch)
 		s.counted += c
 		s.dup += d
-		s.records += len(items[i].batch.Records)
+		s.records += items[i].batch.Len()
 	}
 	s.applied = items[len(items)-1].seq
 	return nil

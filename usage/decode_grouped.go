@@ -28,17 +28,41 @@ type KeyGroup struct {
 // groupedRaw is a grouped message's fields as read, before they are
 // checked against each other.
 type groupedRaw struct {
-	seen        uint16
+	seen        uint32
 	batch       string
 	tUs, spanUs uint64
 	n           uint64
-	keys        []rawGroup
+	keys        []rawGroup // built from the columns by columns()
 	order       []int64
 	dt          []int64
 	origins     []string
 	journal     []int64
 	requestIDs  []indexed
 	ids         []indexed
+
+	// The groups' columns, as read.
+	keyCol                 []string
+	revisions              []int64
+	allowed, denied        []int64
+	allowedU, deniedU      []int64
+	costs                  []rawCost
+	results                []string
+	descriptors            []rawDesc
+	fullKeys               []indexed
+}
+
+// rawCost is a group's entry of "costs": one cost for all its decisions,
+// or one each (per non-nil).
+type rawCost struct {
+	one int64
+	per []int64
+}
+
+// rawDesc is an entry of "descriptors": group g's descriptor (a slab's
+// part).
+type rawDesc struct {
+	g    int64
+	dims []policies.Dim
 }
 
 // capHint is the capacity for a per-decision array: n when it came
@@ -80,10 +104,20 @@ const (
 	gJournal
 	gRequestIDs
 	gIDs
-	gRequired = gBatch | gTime | gSpan | gN | gKeys | gOrder | gDt
+	gRevisions
+	gAllowed
+	gAllowedUnits
+	gDenied
+	gDeniedUnits
+	gCosts
+	gResults
+	gDescriptors
+	gFullKeys
+	gRequired = gBatch | gTime | gSpan | gN | gKeys | gOrder | gDt | gRevisions | gAllowed | gAllowedUnits | gDenied | gDeniedUnits | gCosts | gResults
 )
 
-var groupedNames = [...]string{"batch", "t_us", "span_us", "n", "keys", "order", "dt_us", "origins", "journal", "request_ids", "ids"}
+var groupedNames = [...]string{"batch", "t_us", "span_us", "n", "keys", "order", "dt_us", "origins", "journal", "request_ids", "ids",
+	"revisions", "allowed", "allowed_units", "denied", "denied_units", "costs", "results", "descriptors", "full_keys"}
 
 // maxGrouped bounds the decisions of one grouped message (far above what
 // a publisher writes: MaxBatch and the message size bound it).
@@ -106,6 +140,7 @@ func (d *decoder) groupedField(name string, g *groupedRaw) (known bool, err erro
 	if g.seen&(1<<bit) != 0 {
 		return true, fail(at, "given twice")
 	}
+
 	g.seen |= 1 << bit
 	switch 1 << bit {
 	case gBatch:
@@ -124,11 +159,70 @@ func (d *decoder) groupedField(name string, g *groupedRaw) (known bool, err erro
 			err = fail(at, "is over "+strconv.Itoa(maxGrouped))
 		}
 	case gKeys:
-		err = d.array(at, func(i int) error {
-			rg, err := d.group(at, i)
-			g.keys = append(g.keys, rg)
+		err = d.array(at, func(int) error {
+			k, err := d.str(at)
+			g.keyCol = append(g.keyCol, k)
 			return err
 		})
+	case gRevisions:
+		g.revisions, err = d.ints(at, nil, false)
+	case gAllowed:
+		g.allowed, err = d.ints(at, nil, false)
+	case gDenied:
+		g.denied, err = d.ints(at, nil, false)
+	case gAllowedUnits:
+		g.allowedU, err = d.units(at, nil)
+	case gDeniedUnits:
+		g.deniedU, err = d.units(at, nil)
+	case gCosts:
+		err = d.array(at, func(int) error {
+			var c rawCost
+			var err error
+			if d.peek() == '[' {
+				err = d.array(at, func(int) error {
+					v, err := d.cost(at)
+					c.per = append(c.per, v)
+					return err
+				})
+				if err == nil && c.per == nil {
+					err = fail(at, "has an empty array of costs")
+				}
+			} else {
+				c.one, err = d.cost(at)
+			}
+			g.costs = append(g.costs, c)
+			return err
+		})
+	case gResults:
+		err = d.array(at, func(int) error {
+			r, err := d.str(at)
+			g.results = append(g.results, r)
+			return err
+		})
+	case gDescriptors:
+		err = d.array(at, func(int) error {
+			if err := d.expect('[', at); err != nil {
+				return err
+			}
+			gi, err := d.uint(at)
+			if err != nil {
+				return err
+			}
+			if err := d.expect(',', at); err != nil {
+				return err
+			}
+			start, n, err := d.descriptor(at)
+			if err != nil {
+				return err
+			}
+			if gi > maxGrouped {
+				return fail(at, "has a group index out of range")
+			}
+			g.descriptors = append(g.descriptors, rawDesc{int64(gi), d.dims[start : start+n : start+n]})
+			return d.expect(']', at)
+		})
+	case gFullKeys:
+		g.fullKeys, err = d.pairs(at, nil)
 	case gOrder:
 		g.order, err = d.ints(at, make([]int64, 0, g.capHint()), false)
 	case gDt:
@@ -325,126 +419,84 @@ func (d *decoder) pairs(at loc, dst []indexed) ([]indexed, error) {
 // keyLoc names group i of a grouped message.
 func keyLoc(i int) loc { return loc{rec: -1, grp: i + 1} }
 
-// group reads element i of "keys".
-func (d *decoder) group(keysAt loc, i int) (rawGroup, error) {
-	var rg rawGroup
-	self := keyLoc(i)
-	var seen uint16
-	const (
-		kKey = 1 << iota
-		kRevision
-		kDescriptor
-		kAllowed
-		kAllowedUnits
-		kDenied
-		kDeniedUnits
-		kCost
-		kCosts
-		kResults
-	)
-	err := d.object(self, func(name string) (bool, error) {
-		var bit uint16
-		switch name {
-		case "key":
-			bit = kKey
-		case "revision":
-			bit = kRevision
-		case "descriptor":
-			bit = kDescriptor
-		case "allowed":
-			bit = kAllowed
-		case "allowed_units":
-			bit = kAllowedUnits
-		case "denied":
-			bit = kDenied
-		case "denied_units":
-			bit = kDeniedUnits
-		case "cost":
-			bit = kCost
-		case "costs":
-			bit = kCosts
-		case "results":
-			bit = kResults
-		default:
-			return false, nil
+// units reads an array of totals' units (JSON numbers >= 0 with at most
+// 6 fractional digits, as parseUnits reads them) into dst.
+func (d *decoder) units(at loc, dst []int64) ([]int64, error) {
+	err := d.array(at, func(int) error {
+		text, err := d.number(at)
+		if err != nil {
+			return err
 		}
-		at := self.with(name)
-		if seen&bit != 0 {
-			return true, fail(at, "given twice")
-		}
-		seen |= bit
-		var err error
-		switch bit {
-		case kKey:
-			if rg.key, err = d.str(at); err == nil {
-				err = checkKey(at, rg.key)
-			}
-		case kRevision:
-			rg.revision, err = d.uint(at)
-		case kDescriptor:
-			var start, n int
-			if start, n, err = d.descriptor(at); err == nil {
-				rg.desc = d.dims[start : start+n : start+n]
-				if rg.desc == nil {
-					rg.desc = []policies.Dim{}
-				}
-			}
-		case kAllowed:
-			rg.allowed, err = d.uint(at)
-		case kDenied:
-			rg.denied, err = d.uint(at)
-		case kAllowedUnits, kDeniedUnits:
-			var s string
-			if s, err = d.str(at); err == nil {
-				var v int64
-				if v, err = parseUnits(at, s); err == nil {
-					if bit == kAllowedUnits {
-						rg.allowedU = v
-					} else {
-						rg.deniedU = v
-					}
-				}
-			}
-		case kCost:
-			var text string
-			if text, err = d.number(at); err == nil {
-				rg.cost, err = parseCost(at, text)
-			}
-		case kCosts:
-			err = d.array(at, func(int) error {
-				text, err := d.number(at)
-				if err != nil {
-					return err
-				}
-				c, err := parseCost(at, text)
-				rg.costs = append(rg.costs, c)
-				return err
-			})
-		case kResults:
-			rg.results, err = d.str(at)
-		}
-		return true, err
+		v, err := parseUnits(at, text)
+		dst = append(dst, v)
+		return err
 	})
+	return dst, err
+}
+
+// cost reads one cost (a JSON number, as in a v1.1 record).
+func (d *decoder) cost(at loc) (int64, error) {
+	text, err := d.number(at)
 	if err != nil {
-		return rg, err
+		return 0, err
 	}
-	switch {
-	case seen&kKey == 0:
-		return rg, fail(self.with("key"), "missing")
-	case seen&kRevision == 0:
-		return rg, fail(self.with("revision"), "missing")
-	case seen&kResults == 0:
-		return rg, fail(self.with("results"), "missing")
-	case seen&(kCost|kCosts) == 0:
-		return rg, fail(self.with("cost"), `missing (or "costs")`)
-	case seen&kCost != 0 && seen&kCosts != 0:
-		return rg, fail(self.with("costs"), `given with "cost"`)
-	case seen&kAllowed != 0 != (seen&kAllowedUnits != 0):
-		return rg, fail(self.with("allowed_units"), `given without "allowed" or missing`)
-	case seen&kDenied != 0 != (seen&kDeniedUnits != 0):
-		return rg, fail(self.with("denied_units"), `given without "denied" or missing`)
+	return parseCost(at, text)
+}
+
+// columns builds g.keys from the groups' columns: every column has one
+// entry per key.
+func (g *groupedRaw) columns(policy string) error {
+	ng := len(g.keyCol)
+	for _, c := range []struct {
+		name string
+		n    int
+	}{{"revisions", len(g.revisions)}, {"allowed", len(g.allowed)}, {"allowed_units", len(g.allowedU)},
+		{"denied", len(g.denied)}, {"denied_units", len(g.deniedU)}, {"costs", len(g.costs)}, {"results", len(g.results)}} {
+		if c.n != ng {
+			return fail(top.with(c.name), "has "+strconv.Itoa(c.n)+" entries for "+strconv.Itoa(ng)+" keys")
+		}
 	}
-	return rg, nil
+	g.keys = make([]rawGroup, ng)
+	for gi := range g.keys {
+		rg := &g.keys[gi]
+		if g.revisions[gi] < 0 || g.allowed[gi] < 0 || g.denied[gi] < 0 {
+			return fail(keyLoc(gi), "has a negative count")
+		}
+		rg.key = fullKey(g.keyCol[gi], policy)
+		rg.revision = uint64(g.revisions[gi])
+		rg.allowed, rg.denied = uint64(g.allowed[gi]), uint64(g.denied[gi])
+		rg.allowedU, rg.deniedU = g.allowedU[gi], g.deniedU[gi]
+		rg.cost, rg.costs = g.costs[gi].one, g.costs[gi].per
+		rg.results = g.results[gi]
+	}
+	last := int64(-1)
+	for _, p := range g.fullKeys {
+		if p.i <= last || p.i >= int64(ng) {
+			return fail(top.with("full_keys"), "index "+strconv.FormatInt(p.i, 10)+" is out of order or range")
+		}
+		last = p.i
+		if g.keyCol[p.i] != "" {
+			return fail(top.with("full_keys"), "names a key whose entry in keys is not \"\"")
+		}
+		g.keys[p.i].key = p.v
+	}
+	last = -1
+	for _, dd := range g.descriptors {
+		if dd.g <= last || dd.g >= int64(ng) {
+			return fail(top.with("descriptors"), "group "+strconv.FormatInt(dd.g, 10)+" is out of order or range")
+		}
+		last = dd.g
+		g.keys[dd.g].desc = dd.dims
+		if g.keys[dd.g].desc == nil {
+			g.keys[dd.g].desc = []policies.Dim{}
+		}
+	}
+	for gi := range g.keys {
+		if err := checkKey(keyLoc(gi).with("key"), g.keys[gi].key); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // parseUnits parses a total's decimal string: >= 0, at most 6 fractional
@@ -504,6 +556,9 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 	}
 	if g.seen&gOrigins != 0 != (g.seen&gJournal != 0) {
 		return fail(top.with("journal"), `"origins" and "journal" go together`)
+	}
+	if err := g.columns(b.Policy); err != nil {
+		return err
 	}
 	n := int(g.n)
 	if len(g.order) != n {

@@ -8,27 +8,31 @@ import (
 )
 
 // Records grouped by key (CONTRACT.md §6a; the exact shape is in
-// docs/contract.md, "Usage message, grouped"). A message holds one batch
-// of decisions of one policy in the order the publisher took them:
+// docs/contract.md §6a). A message holds one batch of decisions of one
+// policy in the order the publisher took them:
 //
 //	{"node":"n1","policy":"p","batch":"n1.<boot>.p.17","t_us":T,"span_us":S,"n":3,
-//	 "keys":[{"key":"p.p.tenant=a","revision":4,"allowed":2,"allowed_units":"2","cost":1,"results":"aA"},
-//	         {"key":"p.p.tenant=b","revision":4,"denied":1,"denied_units":"2.5","cost":2.5,"results":"d"}],
+//	 "keys":["tenant=a","tenant=b"],"revisions":[4,4],
+//	 "allowed":[2,0],"allowed_units":[2,0],"denied":[0,1],"denied_units":[0,2.5],
+//	 "costs":[1,2.5],"results":["aA","d"],
 //	 "order":[0,1,0],"dt_us":[0,12,3],
 //	 "origins":["n1.<boot>"],"journal":[0,8812,4,1],
 //	 "request_ids":[[2,"7f1c2e"]]}
 //
-// A group is one (key, revision, descriptor): its descriptor is left out
-// when the key carries it (policies.KeyCarries). Its totals are omitted
-// when 0. "results" has a letter per decision of the group, in batch
-// order: a (allowed), d (denied), upper case when the decision is
+// A group is one (key, revision, descriptor); its fields are columns, one
+// entry per group. A key is written without "p.<policy>." (full_keys
+// names one of another form); a descriptor only when the key does not
+// carry it (policies.KeyCarries), in "descriptors" ([[g,{...}],...]).
+// "costs" has a group's cost when all its decisions cost the same, else
+// an array of them. "results" has a letter per decision of the group, in
+// batch order: a (allowed), d (denied), upper case when the decision is
 // journalled. "order" names each decision's group, "dt_us" its time minus
-// the previous decision's (the first: minus t_us, the earliest time; every
-// time lies in [t_us, t_us+span_us]). Journalled decisions take, in batch
-// order, the positions of "journal": runs of four numbers (origin index,
-// journal sequence, first index, count). Ids: a journalled decision's is
-// <origin>.j<jseq>.<idx>, an ordinary one's <batch>.<i> (i its index in
-// the batch) unless "ids" names it ([[i,"id"],...]).
+// the previous decision's (the first: minus t_us, the earliest time;
+// every time lies in [t_us, t_us+span_us]). Journalled decisions take, in
+// batch order, the positions of "journal": runs of four numbers (origin
+// index, journal sequence, first index, count). Ids: a journalled
+// decision's is <origin>.j<jseq>.<idx>, an ordinary one's <batch>.<i> (i
+// its index in the batch) unless "ids" names it ([[i,"id"],...]).
 
 // maxGroupedBytes is the most bytes a grouped message is made of (below
 // NATS's default payload limit of 1 MiB, with room for headers). The
@@ -197,58 +201,44 @@ func (g *groupEncoder) encode(dst []byte, node, policy, batch string, es []entry
 	dst = strconv.AppendInt(dst, tMax-tMin, 10)
 	dst = append(dst, `,"n":`...)
 	dst = strconv.AppendInt(dst, int64(n), 10)
-	dst = append(dst, `,"keys":[`...)
-	for gi := range g.groups {
-		e := &g.groups[gi]
-		if gi > 0 {
-			dst = append(dst, ',')
-		}
-		dst = append(dst, `{"key":`...)
-		dst = appendString(dst, e.r.Key)
-		dst = append(dst, `,"revision":`...)
-		dst = strconv.AppendUint(dst, e.r.Revision, 10)
-		if !(policy != "" && policies.KeyCarries(e.r.Key, policy, e.r.Descriptor)) {
-			dst = append(dst, `,"descriptor":{`...)
-			for i, d := range e.r.Descriptor {
-				if i > 0 {
-					dst = append(dst, ',')
-				}
-				dst = appendString(dst, d.Name)
-				dst = append(dst, ':')
-				dst = appendString(dst, d.Value)
+	// The groups, one column per field.
+	column := func(name string, item func(e *encGroup) []byte) {
+		dst = append(dst, `,"`...)
+		dst = append(dst, name...)
+		dst = append(dst, `":[`...)
+		for gi := range g.groups {
+			if gi > 0 {
+				dst = append(dst, ',')
 			}
-			dst = append(dst, '}')
+			dst = item(&g.groups[gi])
 		}
-		if e.allowed > 0 {
-			dst = append(dst, `,"allowed":`...)
-			dst = strconv.AppendInt(dst, e.allowed, 10)
-			dst = append(dst, `,"allowed_units":"`...)
-			dst = appendMicro(dst, e.allowedU)
-			dst = append(dst, '"')
-		}
-		if e.denied > 0 {
-			dst = append(dst, `,"denied":`...)
-			dst = strconv.AppendInt(dst, e.denied, 10)
-			dst = append(dst, `,"denied_units":"`...)
-			dst = appendMicro(dst, e.deniedU)
-			dst = append(dst, '"')
-		}
-		members := g.sorted[e.start : e.start+e.n]
+		dst = append(dst, ']')
+	}
+	column("keys", func(e *encGroup) []byte {
+		suffix, _ := keySuffix(e.r.Key, policy)
+		return appendString(dst, suffix)
+	})
+	column("revisions", func(e *encGroup) []byte { return strconv.AppendUint(dst, e.r.Revision, 10) })
+	column("allowed", func(e *encGroup) []byte { return strconv.AppendInt(dst, e.allowed, 10) })
+	column("allowed_units", func(e *encGroup) []byte { return appendMicro(dst, e.allowedU) })
+	column("denied", func(e *encGroup) []byte { return strconv.AppendInt(dst, e.denied, 10) })
+	column("denied_units", func(e *encGroup) []byte { return appendMicro(dst, e.deniedU) })
+	column("costs", func(e *encGroup) []byte {
 		if e.uniform {
-			dst = append(dst, `,"cost":`...)
-			dst = appendMicro(dst, e.cost)
-		} else {
-			dst = append(dst, `,"costs":[`...)
-			for i, di := range members {
-				if i > 0 {
-					dst = append(dst, ',')
-				}
-				dst = appendMicro(dst, es[di].r.Cost)
-			}
-			dst = append(dst, ']')
+			return appendMicro(dst, e.cost)
 		}
-		dst = append(dst, `,"results":"`...)
-		for _, di := range members {
+		dst = append(dst, '[')
+		for i, di := range g.sorted[e.start : e.start+e.n] {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendMicro(dst, es[di].r.Cost)
+		}
+		return append(dst, ']')
+	})
+	column("results", func(e *encGroup) []byte {
+		dst = append(dst, '"')
+		for _, di := range g.sorted[e.start : e.start+e.n] {
 			c := byte('d')
 			if es[di].r.Allowed {
 				c = 'a'
@@ -258,9 +248,59 @@ func (g *groupEncoder) encode(dst []byte, node, policy, batch string, es []entry
 			}
 			dst = append(dst, c)
 		}
-		dst = append(dst, `"}`...)
+		return append(dst, '"')
+	})
+	// Keys not of the form p.<policy>[.suffix] (none of a node's).
+	first := true
+	for gi := range g.groups {
+		if _, ok := keySuffix(g.groups[gi].r.Key, policy); ok {
+			continue
+		}
+		if first {
+			dst = append(dst, `,"full_keys":[`...)
+			first = false
+		} else {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, '[')
+		dst = strconv.AppendInt(dst, int64(gi), 10)
+		dst = append(dst, ',')
+		dst = appendString(dst, g.groups[gi].r.Key)
+		dst = append(dst, ']')
 	}
-	dst = append(dst, `],"order":[`...)
+	if !first {
+		dst = append(dst, ']')
+	}
+	// Descriptors the keys do not carry.
+	first = true
+	for gi := range g.groups {
+		e := &g.groups[gi]
+		if policy != "" && policies.KeyCarries(e.r.Key, policy, e.r.Descriptor) {
+			continue
+		}
+		if first {
+			dst = append(dst, `,"descriptors":[`...)
+			first = false
+		} else {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, '[')
+		dst = strconv.AppendInt(dst, int64(gi), 10)
+		dst = append(dst, `,{`...)
+		for i, d := range e.r.Descriptor {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendString(dst, d.Name)
+			dst = append(dst, ':')
+			dst = appendString(dst, d.Value)
+		}
+		dst = append(dst, "}]"...)
+	}
+	if !first {
+		dst = append(dst, ']')
+	}
+	dst = append(dst, `,"order":[`...)
 	for i, gi := range g.order {
 		if i > 0 {
 			dst = append(dst, ',')
@@ -408,4 +448,36 @@ func lastDot(s string) int {
 		}
 	}
 	return -1
+}
+
+// keySuffix is key as a grouped message of policy writes it in "keys":
+// without "p.<policy>." ("" for the key "p.<policy>" itself); the keys of
+// policy "" as they are. ok is false for a key of another form (then
+// "keys" has "" and "full_keys" the key).
+func keySuffix(key, policy string) (string, bool) {
+	if policy == "" {
+		return key, true
+	}
+	if len(key) < len(policy)+2 || key[:2] != "p." || key[2:2+len(policy)] != policy {
+		return "", false
+	}
+	rest := key[2+len(policy):]
+	switch {
+	case rest == "":
+		return "", true
+	case rest[0] == '.' && len(rest) > 1:
+		return rest[1:], true
+	}
+	return "", false
+}
+
+// fullKey reverses keySuffix.
+func fullKey(suffix, policy string) string {
+	switch {
+	case policy == "":
+		return suffix
+	case suffix == "":
+		return "p." + policy
+	}
+	return "p." + policy + "." + suffix
 }

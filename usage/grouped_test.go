@@ -152,34 +152,39 @@ func TestGroupedRoundTrip(t *testing.T) {
 // A grouped message that contradicts itself is refused, naming the field.
 func TestGroupedRejects(t *testing.T) {
 	good := `{"node":"n1","policy":"p","batch":"n1.b.p.1","t_us":100,"span_us":10,"n":3,` +
-		`"keys":[{"key":"p.p.tenant=a","revision":1,"allowed":1,"allowed_units":"1","denied":1,"denied_units":"2","costs":[1,2],"results":"Ad"},` +
-		`{"key":"p.p.tenant=b","revision":1,"allowed":1,"allowed_units":"1","cost":1,"results":"a"}],` +
+		`"keys":["tenant=a","tenant=b"],"revisions":[1,1],"allowed":[1,1],"allowed_units":[1,1],"denied":[1,0],"denied_units":[2,0],` +
+		`"costs":[[1,2],1],"results":["Ad","a"],` +
 		`"order":[0,1,0],"dt_us":[0,10,-5],"origins":["n1.b"],"journal":[0,7,0,1],"request_ids":[[1,"r"]]}`
 	if _, err := DecodeBatch([]byte(good)); err != nil {
 		t.Fatalf("the good message: %v", err)
 	}
 	cases := []struct{ name, from, to, want string }{
-		{"totals disagree", `"denied_units":"2"`, `"denied_units":"3"`, "totals disagree"},
-		{"count disagrees", `"allowed":1,"allowed_units":"1","cost"`, `"allowed":2,"allowed_units":"1","cost"`, "totals disagree"},
+		{"totals disagree", `"denied_units":[2,0]`, `"denied_units":[3,0]`, "totals disagree"},
+		{"count disagrees", `"allowed":[1,1]`, `"allowed":[1,2]`, "totals disagree"},
 		{"offset before the batch", `"dt_us":[0,10,-5]`, `"dt_us":[0,10,-11]`, "outside the batch"},
 		{"offset after the batch", `"dt_us":[0,10,-5]`, `"dt_us":[0,11,-5]`, "outside the batch"},
 		{"order out of range", `"order":[0,1,0]`, `"order":[0,2,0]`, "names group 2"},
 		{"n disagrees", `"n":3`, `"n":4`, "n is 4"},
-		{"results too short", `"results":"a"}`, `"results":""}`, "letters"},
-		{"bad letter", `"results":"Ad"`, `"results":"Ax"`, "not one of"},
-		{"costs too short", `"costs":[1,2]`, `"costs":[1]`, "costs for"},
+		{"results too short", `"results":["Ad","a"]`, `"results":["Ad",""]`, "letters"},
+		{"bad letter", `"results":["Ad","a"]`, `"results":["Ax","a"]`, "not one of"},
+		{"costs too short", `"costs":[[1,2],1]`, `"costs":[[1],1]`, "costs for"},
+		{"costs empty", `"costs":[[1,2],1]`, `"costs":[[],1]`, "empty array"},
+		{"column too short", `"revisions":[1,1]`, `"revisions":[1]`, "entries for 2 keys"},
+		{"column missing", `"revisions":[1,1],`, ``, "revisions: missing"},
 		{"journal short", `"journal":[0,7,0,1]`, `"journal":[]`, "fewer decisions"},
 		{"journal long", `"journal":[0,7,0,1]`, `"journal":[0,7,0,2]`, "more decisions"},
 		{"journal origin", `"journal":[0,7,0,1]`, `"journal":[1,7,0,1]`, "out of range"},
 		{"journal without origins", `"origins":["n1.b"],`, ``, "go together"},
 		{"records and keys", `"n":3,`, `"n":3,"records":[],`, "given with"},
 		{"request id index", `"request_ids":[[1,"r"]]`, `"request_ids":[[3,"r"]]`, "out of order or range"},
-		{"descriptor not carried", `"key":"p.p.tenant=b"`, `"key":"p.p._overflow"`, "does not carry it"},
+		{"descriptor not carried", `"keys":["tenant=a","tenant=b"]`, `"keys":["tenant=a","_overflow"]`, "does not carry it"},
 		{"key of policy ''", `"policy":"p"`, `"policy":""`, `must be ""`},
+		{"bad key", `"keys":["tenant=a","tenant=b"]`, `"keys":["tenant=a","a..b"]`, "not a valid KV key"},
 		{"missing span", `"span_us":10,`, ``, "span_us: missing"},
-		{"units not canonical", `"allowed_units":"1","cost"`, `"allowed_units":"1.0","cost"`, "not a decimal"},
-		{"cost and costs", `"cost":1,"results"`, `"cost":1,"costs":[1],"results"`, `given with "cost"`},
+		{"units not canonical", `"allowed_units":[1,1]`, `"allowed_units":[1.0,1]`, "not a decimal"},
 		{"no decision", `"order":[0,1,0]`, `"order":[0,0,0]`, "no decision"},
+		{"full key not blank", `"n":3,`, `"n":3,"full_keys":[[0,"x"]],`, "is not"},
+		{"descriptor index", `"n":3,`, `"n":3,"descriptors":[[2,{"a":"b"}]],`, "out of order or range"},
 	}
 	for _, c := range cases {
 		msg := strings.Replace(good, c.from, c.to, 1)
@@ -289,12 +294,10 @@ func TestLedgerGroupedMatchesRecords(t *testing.T) {
 func TestGroupedContractExample(t *testing.T) {
 	msg := `{"node": "n1", "policy": "acme-search", "batch": "n1.3f2a9c01d2e4b5a6.acme-search.17",
  "t_us": 1764752400123456, "span_us": 230, "n": 4,
- "keys": [{"key": "p.acme-search.operation=search.plan=v7.tenant=acme", "revision": 12,
-           "allowed": 2, "allowed_units": "6", "denied": 1, "denied_units": "3",
-           "cost": 3, "results": "AaD"},
-          {"key": "p.acme-search.operation=search.plan=v7.tenant=birch", "revision": 12,
-           "descriptor": {"tenant": "birch", "operation": "search", "plan": "v7", "user": "u1"},
-           "allowed": 1, "allowed_units": "2.5", "costs": [2.5], "results": "a"}],
+ "keys": ["operation=search.plan=v7.tenant=acme", "operation=search.plan=v7.tenant=birch"],
+ "revisions": [12, 12], "allowed": [2, 1], "allowed_units": [6, 2.5], "denied": [1, 0], "denied_units": [3, 0],
+ "costs": [3, [2.5]], "results": ["AaD", "a"],
+ "descriptors": [[1, {"tenant": "birch", "operation": "search", "plan": "v7", "user": "u1"}]],
  "order": [0, 1, 0, 0], "dt_us": [0, 200, -50, 80],
  "origins": ["n1.3f2a9c01d2e4b5a6"], "journal": [0, 8812, 4, 2],
  "request_ids": [[1, "7f1c2e"]]}`

@@ -158,10 +158,10 @@ func FuzzDecodeBatch(f *testing.F) {
 	f.Add([]byte(`{"node":"n","policy":"p","records":[]}`))
 	f.Add([]byte(`{"node":"\u0000","policy":"p","records":[{"cost":1e1}]}`))
 	f.Add([]byte(`{"node":"n1","policy":"p","batch":"n1.b.p.1","t_us":100,"span_us":10,"n":3,` +
-		`"keys":[{"key":"p.p.tenant=a","revision":1,"allowed":1,"allowed_units":"1","denied":1,"denied_units":"2","costs":[1,2],"results":"Ad"},` +
-		`{"key":"p.p.tenant=b","revision":1,"allowed":1,"allowed_units":"1","cost":1,"results":"a"}],` +
+		`"keys":["tenant=a","tenant=b"],"revisions":[1,1],"allowed":[1,1],"allowed_units":[1,1],"denied":[1,0],"denied_units":[2,0],` +
+		`"costs":[[1,2],1],"results":["Ad","a"],"full_keys":[],"descriptors":[[1,{"tenant":"b","x":"y"}]],` +
 		`"order":[0,1,0],"dt_us":[0,10,-5],"origins":["n1.b"],"journal":[0,7,0,1],"request_ids":[[1,"r"]],"ids":[[1,"x"]]}`))
-	f.Add([]byte(`{"node":"n","policy":"","batch":"b","t_us":0,"span_us":0,"n":1,"keys":[{"key":"","revision":0,"descriptor":{"a":"b"},"denied":1,"denied_units":"0.5","cost":0.5,"results":"d"}],"order":[0],"dt_us":[0]}`))
+	f.Add([]byte(`{"node":"n","policy":"","batch":"b","t_us":0,"span_us":0,"n":1,"keys":[""],"revisions":[0],"allowed":[0],"allowed_units":[0],"denied":[1],"denied_units":[0.5],"costs":[0.5],"results":["d"],"descriptors":[[0,{"a":"b"}]],"order":[0],"dt_us":[0]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, err := DecodeBatch(data)
 		if err != nil {

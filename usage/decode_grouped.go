@@ -41,14 +41,14 @@ type groupedRaw struct {
 	ids         []indexed
 
 	// The groups' columns, as read.
-	keyCol                 []string
-	revisions              []int64
-	allowed, denied        []int64
-	allowedU, deniedU      []int64
-	costs                  []rawCost
-	results                []string
-	descriptors            []rawDesc
-	fullKeys               []indexed
+	keyCol            []string
+	revisions         []int64
+	allowed, denied   []int64
+	allowedU, deniedU []int64
+	costs             []rawCost
+	results           []string
+	descriptors       []rawDesc
+	fullKeys          []indexed
 }
 
 // rawCost is a group's entry of "costs": one cost for all its decisions,

@@ -46,8 +46,9 @@ type ledgerCore struct {
 	dayIdx     int64 // the UTC day (Unix days) day and month are of; MinInt64: none
 	day, month string
 
-	skip []int32 // applyGrouped's: the records skipped as counted before
-	slow []bool  // applyGrouped's: per group, applied record by record
+	skip  []int32           // applyGrouped's: the records skipped as counted before
+	names map[string]string // intern's
+	slow  []bool            // applyGrouped's: per group, applied record by record
 }
 
 // entryID names a totals entry.
@@ -81,6 +82,7 @@ func newLedgerCore() *ledgerCore {
 		entries: make(map[entryID]*ledgerEntry),
 		origins: make(map[string]*originState),
 		touched: make(map[policyKey]int64),
+		names:   make(map[string]string),
 		dayIdx:  math.MinInt64,
 	}
 }
@@ -208,13 +210,12 @@ func (c *ledgerCore) advance(seq uint64, policy, origin string, pos JournalPos, 
 		o.m.SeenUs = tUs
 		c.dirtyOrigin(o)
 	}
-	ptok := policyToken(policy)
-	cur, ok := o.m.pos[ptok]
-	if ok && !cur.Less(pos) {
+	// The token the map is written with is one the core owns: an
+	// assignment replaces a string key with the one given, and a
+	// message's substring would keep the whole message alive.
+	ptok := c.intern(policyToken(policy))
+	if cur, ok := o.m.pos[ptok]; ok && !cur.Less(pos) {
 		return false
-	}
-	if !ok {
-		ptok = strings.Clone(ptok)
 	}
 	o.m.pos[ptok] = pos
 	o.m.Seq = seq
@@ -273,17 +274,34 @@ func (c *ledgerCore) count(seq uint64, policy string, r *Record) {
 	}
 }
 
-// touch notes an allowed record of policy's key at tUs.
+// touch notes an allowed record of policy's key at tUs. The map is
+// written with the strings of the key's month entry, which the core owns
+// (an assignment replaces a string key with the one given, and a
+// message's substring would keep the whole message alive).
 func (c *ledgerCore) touch(policy, key string, tUs int64) {
 	if policy == "" {
 		return
 	}
+	_, month := c.periods(tUs)
 	pk := policyKey{policy, key}
-	if last, ok := c.touched[pk]; !ok {
-		c.touched[policyKey{strings.Clone(policy), strings.Clone(key)}] = tUs
-	} else if tUs > last {
+	if e := c.entries[entryID{policy, month, key}]; e != nil {
+		pk = policyKey{e.id.policy, e.id.key}
+	} else {
+		pk = policyKey{strings.Clone(policy), strings.Clone(key)}
+	}
+	if last, ok := c.touched[pk]; !ok || tUs > last {
 		c.touched[pk] = tUs
 	}
+}
+
+// intern returns a copy of s the core owns (policy names: few).
+func (c *ledgerCore) intern(s string) string {
+	if v, ok := c.names[s]; ok {
+		return v
+	}
+	v := strings.Clone(s)
+	c.names[v] = v
+	return v
 }
 
 // applyGrouped is apply for a grouped message.

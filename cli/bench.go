@@ -110,6 +110,7 @@ type benchConfig struct {
 	memProfile   string      // bench_mem.go
 	candidates   int         // shadow candidates on the run's descriptors (bench_shadow.go)
 	usage        bool        // the embedded node publishes usage records (NoUsage when false)
+	roles        string      // roles of the embedded node (serve --roles)
 	maxKeys      int64       // the policy's max_keys; 0: none (the default)
 	flood        floodConfig // bench_flood.go
 	// Leased mode (bench_leased.go).
@@ -147,6 +148,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 		"pprof cannot pause, so with --rounds > 1 it also covers the echo slices between the first and the last decide slice")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write a heap profile (this process: the embedded node too) to `file` at the end of the decide phase")
 	fs.BoolVar(&c.usage, "usage", true, "the embedded node publishes usage records and keeps the ledger (false: usage off, to compare)")
+	fs.StringVar(&c.roles, "roles", "decide,ledger,shadow", "roles of the embedded node (serve --roles); decide alone measures what deciding and publishing usage cost without the ledger")
 	fs.Usage = func() {
 		fmt.Fprintln(s.err, "usage: limitmesh bench [--nats-url URL] [--duration 10s] [--concurrency 64] [--keys 10000] [--zipf 1.1] [--mode strict] [--json]")
 		fmt.Fprintln(s.err, "       limitmesh bench --mode leased [--holders 6] [--regions 1] [--shift 2s] [...]")
@@ -215,6 +217,9 @@ func (c *benchConfig) validate() error {
 		return fmt.Errorf("--candidates %d: must be 0..%d", c.candidates, maxBenchCandidates)
 	case c.external && !c.usage:
 		return errors.New("--usage=false configures the embedded node; a deployment at --nats-url has its own --usage")
+	}
+	if r, err := mesh.ParseRoles(c.roles); err != nil || r&mesh.RoleDecide == 0 {
+		return fmt.Errorf("--roles %q: the embedded node's roles, decide among them (%v)", c.roles, err)
 	}
 	switch c.mode {
 	case "strict", "async", "local", "leased":

@@ -49,7 +49,11 @@ func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (*mesh.
 		return nil, nil, err
 	}
 	undo = append(undo, nodeConn.Close)
-	node, err := mesh.NewNode(nodeConn, mesh.NodeConfig{Prefix: c.cf.prefix, Logger: log, NoUsage: !c.usage})
+	var roles mesh.Roles // the default: all (also with --usage=false)
+	if c.roles != mesh.AllRoles.String() {
+		roles, _ = mesh.ParseRoles(c.roles) // validated
+	}
+	node, err := mesh.NewNode(nodeConn, mesh.NodeConfig{Prefix: c.cf.prefix, Logger: log, NoUsage: !c.usage, Roles: roles})
 	if err != nil {
 		stop()
 		return nil, nil, err

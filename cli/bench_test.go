@@ -396,6 +396,8 @@ func TestBenchBadFlags(t *testing.T) {
 		{"--cost", "0"},
 		{"--cost", "1e3"},
 		{"--prefix", "Bad.Prefix"},
+		{"--roles", "ledger,shadow"},
+		{"--roles", "decide,judge"},
 		{"extra"},
 	} {
 		code, _, errOut := run(t, nil, append([]string{"bench"}, args...)...)

@@ -283,7 +283,7 @@ func (c *ledgerCore) touch(policy, key string, tUs int64) {
 		return
 	}
 	_, month := c.periods(tUs)
-	pk := policyKey{policy, key}
+	var pk policyKey
 	if e := c.entries[entryID{policy, month, key}]; e != nil {
 		pk = policyKey{e.id.policy, e.id.key}
 	} else {

@@ -174,7 +174,6 @@ func TestPublisherOrderAndIDs(t *testing.T) {
 	}
 }
 
-
 // JetStream unreachable for seconds (the server restarted on the same
 // port and store): Add keeps returning at once, and every record reaches
 // the stream exactly once afterwards.

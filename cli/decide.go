@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // clientFlags are the flags every command that talks to a running node takes.
@@ -35,6 +36,21 @@ func (c *clientFlags) connect() (*nats.Conn, error) {
 		return nil, fmt.Errorf("--prefix %q: must match %s", c.prefix, prefixRE)
 	}
 	return c.dial("limitmesh-cli")
+}
+
+// connectJS connects and returns the connection (the caller closes it)
+// with its JetStream context.
+func (c *clientFlags) connectJS() (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := c.connect()
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }
 
 // decideRequest is the wire request of CONTRACT.md §2.

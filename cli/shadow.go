@@ -241,15 +241,11 @@ func shadowPromote(ctx context.Context, args []string, s stdio) error {
 	name := fs.Arg(0)
 	ctx, cancel := context.WithTimeout(ctx, cf.timeout)
 	defer cancel()
-	nc, err := cf.connect()
+	nc, js, err := cf.connectJS()
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	bucket := cf.prefix + "_policies"
 	kv, err := js.KeyValue(ctx, bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -346,15 +342,11 @@ func shadowBacktest(ctx context.Context, args []string, s stdio) error {
 	if err != nil {
 		return fmt.Errorf("invalid policy: %v", err)
 	}
-	nc, err := cf.connect()
+	nc, js, err := cf.connectJS()
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	res, err := shadow.Backtest(ctx, js, p, shadow.BacktestConfig{Prefix: cf.prefix, Since: since})
 	if err != nil {
 		return err

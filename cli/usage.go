@@ -59,15 +59,11 @@ func usageReport(ctx context.Context, args []string, s stdio) error {
 		fmt.Fprintf(s.err, "limitmesh usage report: %v\n", err)
 		return errUsage
 	}
-	nc, err := cf.connect()
+	nc, js, err := cf.connectJS()
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	rctx, cancel := context.WithTimeout(ctx, max(cf.timeout, 30*time.Second))
 	defer cancel()
 	bucket := lmusage.LedgerBucket(cf.prefix)
@@ -205,21 +201,12 @@ func usageTail(ctx context.Context, args []string, s stdio) error {
 		fmt.Fprintf(s.err, "limitmesh usage tail: %v\n", err)
 		return errUsage
 	}
-	nc, err := cf.connect()
+	nc, js, err := cf.connectJS()
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	subject := lmusage.Subjects(cf.prefix)
-	if policy == lmusage.UnmatchedToken {
-		subject = lmusage.Subject(cf.prefix, "")
-	} else if policy != "" {
-		subject = lmusage.Subject(cf.prefix, policy)
-	}
+	subject := usageSubject(cf.prefix, policy)
 	octx, cancel := context.WithTimeout(ctx, cf.timeout)
 	cons, err := js.OrderedConsumer(octx, lmusage.StreamName(cf.prefix), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{subject},
@@ -340,4 +327,16 @@ func appendMaybeQuoted(dst []byte, s string) []byte {
 		return strconv.AppendQuote(dst, s)
 	}
 	return append(dst, s...)
+}
+
+// usageSubject is the usage stream's subject of policy (the flag's value:
+// "" every policy, "_" decisions no policy matched).
+func usageSubject(prefix, policy string) string {
+	switch policy {
+	case "":
+		return lmusage.Subjects(prefix)
+	case lmusage.UnmatchedToken:
+		return lmusage.Subject(prefix, "")
+	}
+	return lmusage.Subject(prefix, policy)
 }

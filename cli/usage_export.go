@@ -45,22 +45,13 @@ func usageExport(ctx context.Context, args []string, s stdio) error {
 		fmt.Fprintf(s.err, "limitmesh usage export: %v\n", err)
 		return errUsage
 	}
-	nc, err := cf.connect()
+	nc, js, err := cf.connectJS()
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	stream := lmusage.StreamName(cf.prefix)
-	subject := lmusage.Subjects(cf.prefix)
-	if policy == lmusage.UnmatchedToken {
-		subject = lmusage.Subject(cf.prefix, "")
-	} else if policy != "" {
-		subject = lmusage.Subject(cf.prefix, policy)
-	}
+	subject := usageSubject(cf.prefix, policy)
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverAllPolicy}
 	if since > 0 {
 		start := time.Now().Add(-since)

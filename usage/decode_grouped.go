@@ -255,7 +255,13 @@ func (d *decoder) array(at loc, elem func(i int) error) error {
 		d.pos++
 		return nil
 	}
-	for i := 0; ; i++ {
+	return d.arrayFrom(at, 0, elem)
+}
+
+// arrayFrom reads the rest of an array from its element i on (d.pos at
+// that element).
+func (d *decoder) arrayFrom(at loc, i int, elem func(i int) error) error {
+	for ; ; i++ {
 		if i >= maxGrouped {
 			return fail(at, "has over "+strconv.Itoa(maxGrouped)+" elements")
 		}
@@ -322,7 +328,7 @@ func (d *decoder) ints(at loc, dst []int64, signed bool) ([]int64, error) {
 // intsRest is ints' general path: from d.pos, the array's opening bracket
 // when dst is empty, else the element after dst's last.
 func (d *decoder) intsRest(at loc, dst []int64, signed bool) ([]int64, error) {
-	elem := func() error {
+	elem := func(int) error {
 		neg := false
 		if signed && d.peek() == '-' {
 			neg = true
@@ -345,48 +351,12 @@ func (d *decoder) intsRest(at loc, dst []int64, signed bool) ([]int64, error) {
 		dst = append(dst, v)
 		return nil
 	}
+	var err error
 	if len(dst) > 0 {
-		for {
-			if len(dst) >= maxGrouped {
-				return dst, fail(at, "has over "+strconv.Itoa(maxGrouped)+" elements")
-			}
-			if err := elem(); err != nil {
-				return dst, err
-			}
-			switch d.peek() {
-			case ',':
-				d.pos++
-			case ']':
-				d.pos++
-				return dst, nil
-			default:
-				return dst, fail(at, "unexpected input after an element")
-			}
-		}
+		err = d.arrayFrom(at, len(dst), elem)
+	} else {
+		err = d.array(at, elem)
 	}
-	err := d.array(at, func(int) error {
-		neg := false
-		if signed && d.peek() == '-' {
-			neg = true
-			d.pos++
-		}
-		u, err := d.uint(at)
-		if err != nil {
-			return err
-		}
-		if u > math.MaxInt64 {
-			return fail(at, "has a number out of range")
-		}
-		v := int64(u)
-		if neg {
-			if v == 0 {
-				return fail(at, `has "-0"`)
-			}
-			v = -v
-		}
-		dst = append(dst, v)
-		return nil
-	})
 	return dst, err
 }
 

@@ -40,13 +40,8 @@ func runPolicy(ctx context.Context, args []string, s stdio) error {
 
 // policyBucket opens the policy bucket of a running installation.
 func policyBucket(ctx context.Context, cf *clientFlags) (jetstream.KeyValue, func(), error) {
-	nc, err := cf.connect()
+	nc, js, err := cf.connectJS()
 	if err != nil {
-		return nil, nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
 		return nil, nil, err
 	}
 	name := cf.prefix + "_policies"

@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
-
-	"github.com/limitmesh/limitmesh/policies"
 )
 
 // genRecords draws the decisions of one batch of policy: a few keys, some
@@ -40,13 +38,13 @@ func genRecords(t *rapid.T, policy string) []Record {
 		}
 		switch {
 		case policy == "":
-			r.Descriptor = mustDesc(t, "tenant", val)
+			r.Descriptor = desc(t, "tenant", val)
 		case k%4 == 3: // a dimension the key does not hold
 			r.Key = "p." + policy + ".tenant=" + string(escapeForTest(val))
-			r.Descriptor = mustDesc(t, "tenant", val, "user", "u"+strconv.Itoa(rapid.IntRange(0, 2).Draw(t, "user")))
+			r.Descriptor = desc(t, "tenant", val, "user", "u"+strconv.Itoa(rapid.IntRange(0, 2).Draw(t, "user")))
 		default:
 			r.Key = "p." + policy + ".tenant=" + string(escapeForTest(val))
-			r.Descriptor = mustDesc(t, "tenant", val)
+			r.Descriptor = desc(t, "tenant", val)
 		}
 		switch rapid.IntRange(0, 5).Draw(t, "id") {
 		case 0, 1:
@@ -67,18 +65,6 @@ func genRecords(t *rapid.T, policy string) []Record {
 		out = append(out, r)
 	}
 	return out
-}
-
-func mustDesc(t *rapid.T, kv ...string) policies.Descriptor {
-	var dims []policies.Dim
-	for i := 0; i < len(kv); i += 2 {
-		dims = append(dims, policies.Dim{Name: kv[i], Value: kv[i+1]})
-	}
-	d, err := policies.NewDescriptor(dims)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
 }
 
 // escapeForTest escapes a value as KEYS.md says.
@@ -244,7 +230,7 @@ func TestLedgerGroupedMatchesRecords(t *testing.T) {
 				tUs += rapid.Int64Range(0, 400).Draw(t, "dt")
 				k := rapid.IntRange(0, 3).Draw(t, "key")
 				r := Record{TimeUs: tUs, Revision: 1, Cost: int64(rapid.IntRange(1, 3).Draw(t, "cost")) * 500_000,
-					Allowed: rapid.Bool().Draw(t, "allowed"), Descriptor: mustDesc(t, "tenant", "t"+strconv.Itoa(k))}
+					Allowed: rapid.Bool().Draw(t, "allowed"), Descriptor: desc(t, "tenant", "t"+strconv.Itoa(k))}
 				if policy != "" {
 					r.Key = "p." + policy + ".tenant=t" + strconv.Itoa(k)
 				}

@@ -10,7 +10,7 @@ import (
 	"github.com/limitmesh/limitmesh/policies"
 )
 
-func desc(t testing.TB, kv ...string) policies.Descriptor {
+func desc(t failer, kv ...string) policies.Descriptor {
 	var dims []policies.Dim
 	for i := 0; i < len(kv); i += 2 {
 		dims = append(dims, policies.Dim{Name: kv[i], Value: kv[i+1]})

@@ -107,9 +107,13 @@ func TestRetentionWarning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// readAll acknowledges everything there is.
+	// readAll acknowledges everything there is, until the consumer's ack
+	// floor is the stream's last message (a fetch that finds nothing
+	// does not say that: on a busy machine it can come back empty before
+	// the consumer has delivered what is there).
 	readAll := func() {
 		t.Helper()
+		deadline := time.Now().Add(time.Minute)
 		for {
 			b, err := cons.FetchNoWait(100)
 			if err != nil {
@@ -122,9 +126,24 @@ func TestRetentionWarning(t *testing.T) {
 				}
 				n++
 			}
-			if n == 0 {
+			if n > 0 {
+				continue
+			}
+			ci, err := cons.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			si, err := s.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ci.NumPending == 0 && ci.NumAckPending == 0 && ci.AckFloor.Stream >= si.State.LastSeq {
 				return
 			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the consumer did not catch up: %+v, stream %+v", ci, si.State)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	reg := prometheus.NewRegistry()

@@ -383,17 +383,19 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		return fmt.Errorf("start node: %w", err)
 	}
 
+	// The serving line comes before the first /readyz answer: whoever saw
+	// the node ready can read it in the log.
+	attrs := []any{"http", hl.Addr().String(), "region", c.region, "roles", c.roleSet.String(), "version", Version}
+	if c.roleSet.Has(mesh.RoleDecide) {
+		attrs = append([]any{"subject", c.prefix + ".v1.decide"}, attrs...)
+	}
+	log.Info("limitmesh serving", attrs...)
 	hs := &http.Server{Handler: node.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http server stopped", "err", err)
 		}
 	}()
-	attrs := []any{"http", hl.Addr().String(), "region", c.region, "roles", c.roleSet.String(), "version", Version}
-	if c.roleSet.Has(mesh.RoleDecide) {
-		attrs = append([]any{"subject", c.prefix + ".v1.decide"}, attrs...)
-	}
-	log.Info("limitmesh serving", attrs...)
 
 	<-ctx.Done()
 	log.Info("draining")

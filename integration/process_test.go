@@ -342,24 +342,32 @@ func TestProcessCluster(t *testing.T) {
 	rev := putPolicy(t, client, "rl_policies", "slow", slowPolicy)
 	waitProcsApplied(t, "slow", rev, procs...)
 	d := map[string]string{"tenant": "procs"}
+	if admitted := admitInTurn(t, procs, d, rev, 50); admitted != 40 {
+		t.Fatalf("three processes admitted %d of 50 sequential requests, want the burst 40", admitted)
+	}
+}
+
+// admitInTurn sends n decisions of descriptor d through procs' servers in
+// turn, once each has applied policy revision rev, and returns how many
+// were admitted.
+func admitInTurn(t *testing.T, procs []*proc, d map[string]string, rev uint64, n int) int {
+	t.Helper()
 	conns := make([]*nats.Conn, len(procs))
 	for i, p := range procs {
 		conns[i] = connectURLs(t, p.clientURL)
 		waitRevision(t, conns[i], d, rev)
 	}
 	admitted := 0
-	for i := 0; i < 50; i++ {
-		r := decide(t, conns[i%3], "rl.v1.decide", req(d, ""))
+	for i := range n {
+		r := decide(t, conns[i%len(conns)], "rl.v1.decide", req(d, ""))
 		if r.Code != "" {
-			t.Fatalf("decision %d through %s: %+v", i, procs[i%3].name, r)
+			t.Fatalf("decision %d through %s: %+v", i, procs[i%len(procs)].name, r)
 		}
 		if r.Allowed {
 			admitted++
 		}
 	}
-	if admitted != 40 {
-		t.Fatalf("three processes admitted %d of 50 sequential requests, want the burst 40", admitted)
-	}
+	return admitted
 }
 
 // TestProcessNATSURL: `limitmesh serve --nats-url` against an external

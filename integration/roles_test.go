@@ -96,22 +96,7 @@ func TestProcessRoles(t *testing.T) {
 
 	// 50 decisions of one key, through the three servers in turn.
 	d := map[string]string{"tenant": "roles"}
-	conns := make([]*nats.Conn, len(procs))
-	for i, p := range procs {
-		conns[i] = connectURLs(t, p.clientURL)
-		waitRevision(t, conns[i], d, rev)
-	}
-	admitted := 0
-	for i := range 50 {
-		r := decide(t, conns[i%3], "rl.v1.decide", req(d, ""))
-		if r.Code != "" {
-			t.Fatalf("decision %d through %s: %+v", i, procs[i%3].name, r)
-		}
-		if r.Allowed {
-			admitted++
-		}
-	}
-	if admitted != 40 {
+	if admitted := admitInTurn(t, procs, d, rev, 50); admitted != 40 {
 		t.Fatalf("admitted %d of 50 sequential requests, want the burst 40", admitted)
 	}
 	// Decided by the deciding nodes alone.

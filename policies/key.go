@@ -3,6 +3,7 @@ package policies
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 )
 
 // Limit keys. The state of one limit key (all the limits of one policy for
@@ -158,7 +159,7 @@ func DescriptorOfKey(key, policy string) (Descriptor, bool) {
 	var dims []Dim
 	for rest != "" {
 		tok := rest
-		if i := indexByte(rest, '.'); i >= 0 {
+		if i := strings.IndexByte(rest, '.'); i >= 0 {
 			tok, rest = rest[:i], rest[i+1:]
 			if rest == "" {
 				return nil, false
@@ -166,7 +167,7 @@ func DescriptorOfKey(key, policy string) (Descriptor, bool) {
 		} else {
 			rest = ""
 		}
-		eq := indexByte(tok, '=')
+		eq := strings.IndexByte(tok, '=')
 		if eq <= 0 {
 			return nil, false
 		}
@@ -186,15 +187,6 @@ func DescriptorOfKey(key, policy string) (Descriptor, bool) {
 		return nil, false
 	}
 	return d, true
-}
-
-func indexByte(s string, c byte) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] == c {
-			return i
-		}
-	}
-	return -1
 }
 
 // unescapeValue reverses appendEscaped; ok is false for text appendEscaped

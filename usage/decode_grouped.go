@@ -246,40 +246,6 @@ func (d *decoder) groupedField(name string, g *groupedRaw) (known bool, err erro
 	return true, err
 }
 
-// array reads a JSON array, calling elem for each element.
-func (d *decoder) array(at loc, elem func(i int) error) error {
-	if err := d.expect('[', at); err != nil {
-		return err
-	}
-	if d.peek() == ']' {
-		d.pos++
-		return nil
-	}
-	return d.arrayFrom(at, 0, elem)
-}
-
-// arrayFrom reads the rest of an array from its element i on (d.pos at
-// that element).
-func (d *decoder) arrayFrom(at loc, i int, elem func(i int) error) error {
-	for ; ; i++ {
-		if i >= maxGrouped {
-			return fail(at, "has over "+strconv.Itoa(maxGrouped)+" elements")
-		}
-		if err := elem(i); err != nil {
-			return err
-		}
-		switch d.peek() {
-		case ',':
-			d.pos++
-		case ']':
-			d.pos++
-			return nil
-		default:
-			return fail(at, "unexpected input after an element")
-		}
-	}
-}
-
 // ints reads an array of integers (negative ones too when signed) into
 // dst. The array as publishers write it (no spaces, integers of at most
 // 18 digits without leading zeros) is read in one loop; anything else

@@ -3,6 +3,7 @@ package usage
 import (
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/limitmesh/limitmesh/policies"
 )
@@ -64,7 +65,7 @@ type encGroup struct {
 	uniform           bool    // every decision costs cost
 }
 
-// groupedRecord is the fixed part of a group's JSON, a bound for the size
+// groupedGroupBytes is the fixed part of a group's JSON, a bound for the size
 // estimate: field names, punctuation and numbers at their widest.
 const groupedGroupBytes = 220
 
@@ -430,7 +431,7 @@ func EncodeGrouped(node, policy, batch string, records []Record) []byte {
 	for i, r := range records {
 		es[i].r = r
 		if origin, pos, ok := ParseJournalID(r.ID); ok {
-			if j := lastDot(origin); j > 0 {
+			if j := strings.LastIndexByte(origin, '.'); j > 0 {
 				es[i].node, es[i].boot, es[i].pos = origin[:j], origin[j+1:], pos
 				es[i].r.ID = ""
 			}
@@ -439,15 +440,6 @@ func EncodeGrouped(node, policy, batch string, records []Record) []byte {
 	var g groupEncoder
 	out, _ := g.encode(nil, node, policy, batch, es, len(es), math.MaxInt)
 	return out
-}
-
-func lastDot(s string) int {
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] == '.' {
-			return i
-		}
-	}
-	return -1
 }
 
 // keySuffix is key as a grouped message of policy writes it in "keys":

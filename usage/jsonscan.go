@@ -277,25 +277,7 @@ func (d *decoder) skip(at loc, depth int) error {
 	case c == '{':
 		return d.object(at, func(string) (bool, error) { return true, d.skip(at, depth+1) })
 	case c == '[':
-		d.pos++
-		if d.peek() == ']' {
-			d.pos++
-			return nil
-		}
-		for {
-			if err := d.skip(at, depth+1); err != nil {
-				return err
-			}
-			switch d.peek() {
-			case ',':
-				d.pos++
-			case ']':
-				d.pos++
-				return nil
-			default:
-				return fail(at, "bad array")
-			}
-		}
+		return d.array(at, func(int) error { return d.skip(at, depth+1) })
 	case c == 't':
 		return d.literal(at, "true")
 	case c == 'f':
@@ -366,4 +348,38 @@ func validJSONNumber(s string) bool {
 		}
 	}
 	return i == len(s)
+}
+
+// array reads a JSON array, calling elem for each element.
+func (d *decoder) array(at loc, elem func(i int) error) error {
+	if err := d.expect('[', at); err != nil {
+		return err
+	}
+	if d.peek() == ']' {
+		d.pos++
+		return nil
+	}
+	return d.arrayFrom(at, 0, elem)
+}
+
+// arrayFrom reads the rest of an array from its element i on (d.pos at
+// that element).
+func (d *decoder) arrayFrom(at loc, i int, elem func(i int) error) error {
+	for ; ; i++ {
+		if i >= maxGrouped {
+			return fail(at, "has over "+strconv.Itoa(maxGrouped)+" elements")
+		}
+		if err := elem(i); err != nil {
+			return err
+		}
+		switch d.peek() {
+		case ',':
+			d.pos++
+		case ']':
+			d.pos++
+			return nil
+		default:
+			return fail(at, "unexpected input after an element")
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -219,7 +220,7 @@ func (p *Publisher) Add(policy string, r Record) bool {
 	e := entry{r: r}
 	if r.ID != "" {
 		if origin, pos, ok := ParseJournalID(r.ID); ok {
-			if i := lastDot(origin); i > 0 {
+			if i := strings.LastIndexByte(origin, '.'); i > 0 {
 				e.node, e.boot, e.pos, e.r.ID = origin[:i], origin[i+1:], pos, ""
 			}
 		}

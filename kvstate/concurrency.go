@@ -39,6 +39,12 @@ func liveHolds(s State, now int64) (live []Hold, sum int64) {
 // expired. It never mutates s. A limit that is not a usable concurrency
 // limit, or an id longer than [MaxHoldID], is denied with Never.
 func Acquire(l Limit, s State, now int64, id string, cost int64) (Decision, State) {
+	return AcquireUntil(l, s, now, id, cost, satAdd(now, l.Window))
+}
+
+// AcquireUntil is [Acquire] with the hold's expiry given: expires, at most
+// now+l.Window (a reservation's hold lasts its ttl, CONTRACT §10).
+func AcquireUntil(l Limit, s State, now int64, id string, cost, expires int64) (Decision, State) {
 	if l.Algorithm != Concurrency || !l.usable() || len(id) > MaxHoldID {
 		return Decision{RetryAfter: Never}, s
 	}
@@ -75,7 +81,7 @@ func Acquire(l Limit, s State, now int64, id string, cost int64) (Decision, Stat
 		}
 		return d, s
 	}
-	exp := satAdd(now, l.Window)
+	exp := min(expires, satAdd(now, l.Window))
 	holds := make([]Hold, 0, n+1)
 	for i, h := range live {
 		if i != own {
@@ -133,4 +139,37 @@ func Release(s State, now int64, id string) State {
 		}
 	}
 	return State{Algorithm: Concurrency, Holds: holds}
+}
+
+// Extend moves the expiry of id's live hold to expires (a renewed
+// reservation) and drops expired holds; false when id holds nothing live.
+// It never mutates s.
+func Extend(s State, now int64, id string, expires int64) (State, bool) {
+	if s.Algorithm != Concurrency || id == "" {
+		return s, false
+	}
+	live, _ := liveHolds(s, now)
+	own := -1
+	for i, h := range live {
+		if h.ID == id {
+			own = i
+			break
+		}
+	}
+	if own < 0 {
+		return s, false
+	}
+	h := live[own]
+	h.Expires = expires
+	holds := make([]Hold, 0, len(live))
+	for i, x := range live {
+		if i != own {
+			holds = append(holds, x)
+		}
+	}
+	at := sort.Search(len(holds), func(i int) bool { return holds[i].Expires > expires })
+	holds = append(holds, Hold{})
+	copy(holds[at+1:], holds[at:])
+	holds[at] = h
+	return State{Algorithm: Concurrency, Holds: holds}, true
 }

@@ -79,6 +79,24 @@ func decideInto(l *Limit, s *State, now, cost int64, out *State) Decision {
 // denying limits, or [Never] if any of them is Never. DecideAll never
 // mutates limits or states.
 func DecideAll(limits []Limit, states []State, now, cost int64, dst []State) (Decision, []State) {
+	return decideAll(limits, states, now, cost, nil, dst)
+}
+
+// HoldSpec names the hold a reservation takes in concurrency limits: its
+// holder id and expiry (CONTRACT §10).
+type HoldSpec struct {
+	ID      string
+	Expires int64
+}
+
+// DecideAllHold is [DecideAll] for a reservation: a concurrency limit
+// takes a hold named h.ID until h.Expires (at most its window) instead of
+// an anonymous one, so [Release] and [Extend] find it.
+func DecideAllHold(limits []Limit, states []State, now, cost int64, h HoldSpec, dst []State) (Decision, []State) {
+	return decideAll(limits, states, now, cost, &h, dst)
+}
+
+func decideAll(limits []Limit, states []State, now, cost int64, h *HoldSpec, dst []State) (Decision, []State) {
 	if len(states) > 0 && cap(dst) > 0 && &dst[:1][0] == &states[0] {
 		dst = nil // deciding in place: keep the inputs for a denial
 	}
@@ -91,7 +109,12 @@ func DecideAll(limits []Limit, states []State, now, cost int64, dst []State) (De
 			s = &states[i]
 		}
 		dst = append(dst, State{})
-		d := decideInto(&limits[i], s, now, cost, &dst[i])
+		var d Decision
+		if h != nil && limits[i].Algorithm == Concurrency {
+			d, dst[i] = AcquireUntil(limits[i], *s, now, h.ID, cost, h.Expires)
+		} else {
+			d = decideInto(&limits[i], s, now, cost, &dst[i])
+		}
 		if !d.Allowed {
 			if out.Allowed || out.RetryAfter != Never && (d.RetryAfter == Never || d.RetryAfter > out.RetryAfter) {
 				out.RetryAfter = d.RetryAfter

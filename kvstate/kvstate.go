@@ -26,6 +26,7 @@ package kvstate
 import (
 	"fmt"
 	"math"
+	"strconv"
 )
 
 // Unit is the number of micro-units in one unit of cost or capacity.
@@ -305,4 +306,26 @@ func satAdd(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return math.MinInt64
+}
+
+// AppendUnits appends v micro-units as a decimal number of units (v >=
+// 0): the integer part, then '.' and the fraction without trailing zeros
+// when there is one ("2.5", "3", "0.000001").
+func AppendUnits(b []byte, v int64) []byte {
+	b = strconv.AppendInt(b, v/Unit, 10)
+	f := v % Unit
+	if f == 0 {
+		return b
+	}
+	var digits [6]byte
+	for i := 5; i >= 0; i-- {
+		digits[i] = byte('0' + f%10)
+		f /= 10
+	}
+	n := 6
+	for n > 0 && digits[n-1] == '0' {
+		n--
+	}
+	b = append(b, '.')
+	return append(b, digits[:n]...)
 }

@@ -305,6 +305,7 @@ func (n *Node) startDecide(ctx, bgctx context.Context, d decideParts) error {
 		Binder:          n.cfg.Binder,
 		Usage:           n.pub,
 		Leases:          n.leasing,
+		Prefix:          n.cfg.Prefix,
 		Log:             n.log,
 		Metrics:         sm,
 	})
@@ -314,6 +315,7 @@ func (n *Node) startDecide(ctx, bgctx context.Context, d decideParts) error {
 	// are at rest): an idle key then starts from its durable record.
 	idle := max(min(n.cfg.StateTTL/2, time.Minute), 500*time.Millisecond)
 	n.bg.Go(func() { n.sweep(bgctx, idle) })
+	n.bg.Go(func() { n.svc.Sweep(bgctx) })
 
 	// Ownership: watch the shards bucket, claim this node's partitions, and
 	// wait (at most two leases) until no partition waits for an owner.
@@ -353,6 +355,19 @@ func (n *Node) startDecide(ctx, bgctx context.Context, d decideParts) error {
 		micro.WithEndpointPendingLimits(-1, -1)); err != nil {
 		_ = svc.Stop()
 		return fmt.Errorf("mesh: adding lease endpoint: %w", err)
+	}
+	// Reservations (CONTRACT §10).
+	for _, ep := range []struct {
+		name string
+		h    func(micro.Request)
+	}{{"reserve", n.svc.HandleReserve}, {"settle", n.svc.HandleSettle}, {"release", n.svc.HandleRelease}, {"renew", n.svc.HandleRenew}} {
+		if err := svc.AddEndpoint(ep.name, micro.HandlerFunc(ep.h),
+			micro.WithEndpointSubject(n.cfg.Prefix+".v1."+ep.name),
+			micro.WithEndpointQueueGroup(QueueGroup),
+			micro.WithEndpointPendingLimits(-1, -1)); err != nil {
+			_ = svc.Stop()
+			return fmt.Errorf("mesh: adding %s endpoint: %w", ep.name, err)
+		}
 	}
 	if err := n.nc.FlushWithContext(ctx); err != nil {
 		_ = svc.Stop()

@@ -125,7 +125,15 @@ func quotaState(js jetstream.JetStream, prefix string, set *policyset.Set) func(
 			if !ok {
 				return nil, false, nil
 			}
-			out[l.Name] = spent
+			// An open reservation's units are spent in the state and
+			// reach the ledger when it ends (with what it settles).
+			period := kvstate.Advance(l.Limit, kvstate.State{}, at.UnixNano()).WindowStart
+			for _, v := range rec.Reservations {
+				if v.Outcome == keyrec.Open && kvstate.Advance(l.Limit, kvstate.State{}, v.At).WindowStart == period {
+					spent -= v.Units
+				}
+			}
+			out[l.Name] = max(spent, 0)
 		}
 		return out, true, nil
 	}

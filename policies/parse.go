@@ -37,8 +37,10 @@ import (
 //	sliding_window,
 //	sliding_log              limit, window (a Go duration >= 1ms);
 //	                         sliding_log limit <= 10000
-//	concurrency              limit (held at once), window (how long a hold
-//	                         lasts before it expires, a Go duration >= 1ms)
+//	concurrency              limit (held at once), window (optional, default
+//	                         MaxReservationTTL: the longest a hold lasts, a
+//	                         Go duration >= 1ms; a reservation's ttl is
+//	                         capped at it)
 //	quota                    limit (<= 1e12 per period), period ("hour",
 //	                         "day", "week" or "month", UTC; weeks start on
 //	                         Monday)

@@ -202,6 +202,10 @@ func (r *rawLimit) build(path string) (NamedLimit, error) {
 	switch {
 	case r.hasPeriod:
 		return NamedLimit{}, notFor("period")
+	case !r.hasWindow && alg == kvstate.Concurrency:
+		// A concurrency limit's holds last as long as their reservations
+		// (CONTRACT §10): window, when given, only caps that.
+		r.window = MaxReservationTTL.String()
 	case !r.hasWindow:
 		return NamedLimit{}, required("window")
 	}

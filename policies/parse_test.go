@@ -93,6 +93,7 @@ func TestParseAccepts(t *testing.T) {
 		{one(`{"algorithm":"sliding_window","limit":"0.5","window":"1ms"}`), NamedLimit{"sliding_window", win(kvstate.SlidingWindow, 500_000, ms)}},
 		{one(`{"algorithm":"sliding_log","limit":10000,"window":"1h30m"}`), NamedLimit{"sliding_log", win(kvstate.SlidingLog, 10_000_000_000, 90*60_000*ms)}},
 		{one(`{"algorithm":"concurrency","limit":5,"window":"30s"}`), NamedLimit{"concurrency", win(kvstate.Concurrency, 5_000_000, 30_000*ms)}},
+		{one(`{"algorithm":"concurrency","limit":5}`), NamedLimit{"concurrency", win(kvstate.Concurrency, 5_000_000, 3600_000*ms)}},
 		{one(`{"name":null,"algorithm":"gcra","rate":"1/s","burst":1}`)[:0] + one(`{"name":"x-1_y","algorithm":"gcra","rate":"1/s","burst":1}`),
 			NamedLimit{"x-1_y", kvstate.Limit{Algorithm: kvstate.GCRA, Rate: 1_000_000, Burst: 1_000_000}}},
 	}
@@ -211,7 +212,7 @@ func TestParseRejects(t *testing.T) {
 		{"p", one(`{"algorithm":"fixed_window","limit":1,"window":"1s","rate":"1/s"}`), `limits[0].rate: is not a field of fixed_window`},
 		{"p", one(`{"algorithm":"sliding_log","limit":1,"window":"1s","burst":1}`), `limits[0].burst: is not a field of sliding_log`},
 		{"p", one(`{"algorithm":"fixed_window","window":"1s"}`), `limits[0].limit: required for fixed_window`},
-		{"p", one(`{"algorithm":"concurrency","limit":1}`), `limits[0].window: required for concurrency`},
+		{"p", one(`{"algorithm":"concurrency","limit":1,"window":"1us"}`), `limits[0].window: "1us" is under 1ms`},
 		{"p", one(`{"name":"Rate","algorithm":"gcra","rate":"1/s","burst":1}`), `limits[0].name: "Rate" is not [a-z0-9_-]{1,64}`},
 		{"p", one(`{"name":"","algorithm":"gcra","rate":"1/s","burst":1}`), `limits[0].name: "" is not [a-z0-9_-]{1,64}`},
 		{"p", one(`{"name":null,"algorithm":"gcra","rate":"1/s","burst":1}`), `limits[0].name: must be a string`},

@@ -62,35 +62,44 @@ func appendGrants(dst []byte, r *Record) []byte {
 
 // decodeSections decodes the extension sections that follow the dedupe
 // entries (what is left in r) into rec. An unknown tag, a section given
-// twice or an invalid grant is corrupt: dropping grants would let a new
-// owner hand out units that are still outstanding.
+// twice or out of order, or an invalid grant or reservation is corrupt:
+// dropping grants would let a new owner hand out units that are still
+// outstanding, and dropping reservations would forget what it acknowledged.
 func decodeSections(r *reader, rec *Record) {
-	seen := false
+	var last byte
 	for r.err == nil && len(r.b) > 0 {
 		tag := r.bytes(1, "section tag")
 		if r.err != nil {
 			return
 		}
-		if tag[0] != sectionGrants || seen {
-			r.fail(fmt.Sprintf("unknown or repeated section %d", tag[0]))
+		if tag[0] <= last || tag[0] > sectionReservations {
+			r.fail(fmt.Sprintf("unknown, repeated or misplaced section %d", tag[0]))
 			return
 		}
-		seen = true
+		last = tag[0]
 		body := r.bytes(r.uvarint("section length"), "section")
 		if r.err != nil {
 			return
 		}
 		s := reader{b: body}
-		decodeGrants(&s, rec)
+		empty := false
+		switch tag[0] {
+		case sectionGrants:
+			decodeGrants(&s, rec)
+			empty = rec.GrantSeq == 0 && len(rec.Grants) == 0
+		case sectionReservations:
+			decodeReservations(&s, rec)
+			empty = rec.ResSeq == 0 && len(rec.Reservations) == 0
+		}
 		if s.err == nil && len(s.b) != 0 {
-			s.fail("trailing bytes in the grants section")
+			s.fail(fmt.Sprintf("trailing bytes in section %d", tag[0]))
 		}
 		if s.err != nil {
 			r.err = s.err
 			return
 		}
-		if rec.GrantSeq == 0 && len(rec.Grants) == 0 {
-			r.fail("empty grants section") // never written: one encoding per record
+		if empty {
+			r.fail(fmt.Sprintf("empty section %d", tag[0])) // never written: one encoding per record
 		}
 	}
 }

@@ -49,8 +49,9 @@ func knownFormat(b []byte) bool {
 //	uvarint n dedupe entries, oldest first, each:
 //	  [16]byte id hash, varint at (ns), byte flags (1 allowed, 2 shadow_denied),
 //	  varint remaining, varint retry_after, varint reset_after, uvarint revision
-//	extension sections, each byte tag, uvarint length, body; tag 1: grants
-//	  (leased mode, grants.go), present only when the record has any
+//	extension sections, each byte tag, uvarint length, body, in tag
+//	  order, present only when the record has any: tag 1 grants (leased
+//	  mode, grants.go), tag 2 reservations (reservations.go)
 type Record struct {
 	Policy   string // the policy the states were last written under
 	Revision uint64 // that policy's KV revision
@@ -73,6 +74,11 @@ type Record struct {
 	// and GrantSeq the id of the last grant made (ids only grow).
 	Grants   []Grant
 	GrantSeq uint64
+	// Reservations are the key's open reservations and those that ended
+	// within DedupeWindow, by Seq, and ResSeq the id of the last one made
+	// (ids only grow; reservations.go).
+	Reservations []Reservation
+	ResSeq       uint64
 }
 
 // DedupeEntry is one remembered request_id.
@@ -93,7 +99,7 @@ const (
 // SizeHint is a capacity that usually holds r's encoding, so
 // encoding allocates once.
 func SizeHint(r *Record) int {
-	return 42 + len(r.Policy) + 40*len(r.States) + 48*len(r.Dedupe) + 64*len(r.Grants)
+	return 42 + len(r.Policy) + 40*len(r.States) + 48*len(r.Dedupe) + 64*len(r.Grants) + 96*len(r.Reservations)
 }
 
 // Append appends the encoding of r to dst.
@@ -134,7 +140,8 @@ func Append(dst []byte, r *Record) []byte {
 		dst = binary.AppendVarint(dst, e.D.ResetAfter)
 		dst = binary.AppendUvarint(dst, e.D.Revision)
 	}
-	return appendGrants(dst, r)
+	dst = appendGrants(dst, r)
+	return appendReservations(dst, r)
 }
 
 // reader decodes with bounds checks; the first error sticks.

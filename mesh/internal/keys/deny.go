@@ -19,7 +19,7 @@ import (
 // above) and reports whether it did; then c is finished (the caller
 // replies). Otherwise c and the owner are as before.
 func (o *owner) denyInline(c *Call, now int64) bool {
-	if !o.denying || !o.loaded || o.busy || len(o.queue) > 0 || c.HasID || now >= c.Deadline || o.keepAliveDue(now) {
+	if !o.denying || !o.loaded || o.busy || len(o.queue) > 0 || c.HasID || c.Res != nil || c.Lease != nil || now >= c.Deadline || o.keepAliveDue(now) {
 		return false
 	}
 	p := o.policyFor(c)

@@ -123,6 +123,9 @@ type Call struct {
 	// Lease, when not nil, makes the call a grant operation of a leased
 	// key instead of a decision (lease.go).
 	Lease *LeaseOp
+	// Res, when not nil, makes the call a reservation operation
+	// (reserve.go).
+	Res *ResOp
 
 	conflicts int           // lost writes this call was part of
 	mode      policies.Mode // of the policy version that decided it
@@ -293,7 +296,7 @@ func (o *owner) policyFor(c *Call) *policies.Policy {
 // On a key never read and with blind allowed, it starts the owner blind
 // (see Blind async start) when c changes the empty record.
 func (o *owner) decideInline(c *Call, now int64) (ok, arm bool) {
-	if len(o.queue) > 0 || (o.busy && !o.asyncWrite) {
+	if len(o.queue) > 0 || (o.busy && !o.asyncWrite) || c.Res != nil {
 		return false, false
 	}
 	p := o.policyFor(c)

@@ -25,6 +25,9 @@ func (o *owner) decideWith(rec *keyrec.Record, c *Call, p *policies.Policy, now 
 	if c.Lease != nil {
 		return o.decideLease(rec, c, p, o.limitsFor(p), now)
 	}
+	if c.Res != nil {
+		return o.decideRes(rec, c, p, now)
+	}
 	if c.HasID && !c.DryRun {
 		if d, ok := rec.FindDedupe(c.ID); ok {
 			d.Policy = p.Name
@@ -101,6 +104,7 @@ func (o *owner) transition(rec *keyrec.Record, p *policies.Policy, now int64) {
 	if rec.Policy != p.Name {
 		rec.Dedupe = nil
 		rec.Grants = nil // another policy's grants: its states are gone too
+		rec.Reservations, rec.ResSeq = nil, 0
 	}
 	rec.Policy, rec.Revision, rec.States = p.Name, p.Revision, states
 }

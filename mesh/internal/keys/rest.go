@@ -36,11 +36,27 @@ func recordRestAt(p *policies.Policy, rec *keyrec.Record) int64 {
 		// expires.
 		at = max(at, rec.Grants[i].Expires)
 	}
+	for i := range rec.Reservations {
+		// An open reservation keeps the record until well after its
+		// expiry, so the owner that ends it (a sweep, or the next call
+		// after a failover) still finds it and records its usage; an
+		// ended one is remembered for settles sent again.
+		v := &rec.Reservations[i]
+		if v.Outcome == keyrec.Open {
+			at = max(at, satAdd(v.Expires, reservationRestMargin))
+		} else {
+			at = max(at, satAdd(v.EndedAt, keyrec.DedupeWindow))
+		}
+	}
 	if at == 0 {
 		at = 1
 	}
 	return at
 }
+
+// reservationRestMargin is how long after its expiry an open reservation
+// keeps its record from rest (a reservation's longest ttl).
+const reservationRestMargin = int64(policies.MaxReservationTTL)
 
 // policyOf returns the policy version rec was written under, if this node
 // knows it (nil otherwise).

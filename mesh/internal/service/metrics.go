@@ -3,6 +3,7 @@ package service
 import (
 	"sync"
 
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -23,6 +24,12 @@ type Metrics struct {
 	// overflowBy caches its counters by policy name.
 	overflow   *prometheus.CounterVec
 	overflowBy sync.Map
+	// reservations counts ended reservations by policy and outcome
+	// (settled, released, expired).
+	reservations *prometheus.CounterVec
+	// reservationsOpen: open reservations of the keys this node owns
+	// and knows of, by policy.
+	reservationsOpen *prometheus.GaugeVec
 }
 
 // NewMetrics registers the service's collectors on reg.
@@ -53,8 +60,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "limitmesh_overflow_total",
 			Help: "Decide requests for a limit key new beyond its policy's max_keys on the key's owner, decided against the policy's shared overflow key.",
 		}, []string{"policy"}),
+		reservations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitmesh_reservations_total",
+			Help: "Reservations ended by the keys' owners on this node, by policy and outcome (settled, released, expired).",
+		}, []string{"policy", "outcome"}),
+		reservationsOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limitmesh_reservations_open",
+			Help: "Open reservations of the limit keys this node owns and has handled a reservation call of, by policy.",
+		}, []string{"policy"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.errors, m.deduped, m.forwarded, m.overflow} {
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.errors, m.deduped, m.forwarded, m.overflow, m.reservations, m.reservationsOpen} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -95,4 +110,14 @@ func (m *Metrics) overflowed(policy string) {
 		v, _ = m.overflowBy.LoadOrStore(policy, m.overflow.WithLabelValues(policy))
 	}
 	v.(prometheus.Counter).Inc()
+}
+
+// reservationsEnded counts the reservations a call of policy ended, by
+// outcome (keyrec.Outcome: index 0, open, is not counted).
+func (m *Metrics) reservationsEnded(policy string, ended [keyrec.Expired + 1]int) {
+	for o := keyrec.Settled; o <= keyrec.Expired; o++ {
+		if n := ended[o]; n > 0 {
+			m.reservations.WithLabelValues(policy, o.String()).Add(float64(n))
+		}
+	}
 }

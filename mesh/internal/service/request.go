@@ -326,24 +326,7 @@ func durationMillis(ns int64) int64 {
 }
 
 // AppendMicro appends v micro-units as a JSON decimal number (v >= 0).
-func AppendMicro(b []byte, v int64) []byte {
-	b = strconv.AppendInt(b, v/kvstate.Unit, 10)
-	f := v % kvstate.Unit
-	if f == 0 {
-		return b
-	}
-	var digits [6]byte
-	for i := 5; i >= 0; i-- {
-		digits[i] = byte('0' + f%10)
-		f /= 10
-	}
-	n := 6
-	for n > 0 && digits[n-1] == '0' {
-		n--
-	}
-	b = append(b, '.')
-	return append(b, digits[:n]...)
-}
+func AppendMicro(b []byte, v int64) []byte { return kvstate.AppendUnits(b, v) }
 
 // errorBody is the JSON body of an error reply.
 func errorBody(symbol, message string) []byte {

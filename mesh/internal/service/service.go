@@ -53,7 +53,10 @@ type Config struct {
 	Usage *usage.Publisher
 	// Leases decides requests of leased policies from this node's grants
 	// (CONTRACT §8); nil: their owners decide them all (strict).
-	Leases  Leaser
+	Leases Leaser
+	// Prefix is the subject prefix (error messages name the reserve
+	// subject); "" is "rl".
+	Prefix  string
 	Log     *slog.Logger
 	Metrics *Metrics
 }
@@ -74,6 +77,9 @@ type Service struct {
 	memo     reqMemo
 	routed   sync.Pool // *routed values, recycled once answered
 	inflight atomic.Int64
+	// open tracks the keys with open reservations this node owns
+	// (reserve_sweep.go).
+	open openKeys
 }
 
 // New returns a service.
@@ -89,7 +95,15 @@ func (s *Service) Inflight() int64 { return s.inflight.Load() }
 
 // HandleMsg handles a request that came on a plain subscription (a shard
 // subject).
-func (s *Service) HandleMsg(m *nats.Msg) { s.Handle(msgRequest{m}) }
+func (s *Service) HandleMsg(m *nats.Msg) {
+	if op := m.Header.Get(OpHeader); op != "" {
+		if k := resKindOf(op); k != opDecide {
+			s.handleRes(msgRequest{m}, k)
+			return
+		}
+	}
+	s.Handle(msgRequest{m})
+}
 
 // routed is a decide request on its way to the owner of its key. It
 // carries the call the owner decides, the partition slot that counts it in
@@ -112,6 +126,10 @@ type routed struct {
 	// request's own limit key, the reply's partition hint.
 	overflow bool
 	keyPart  int
+	// op is the endpoint the request came to (opDecide or a reservation
+	// endpoint), and res a reservation call's operation (reserve.go).
+	op  resKind
+	res keys.ResOp
 
 	c    keys.Call   // the call being decided (submit)
 	slot *route.Slot // counts c in flight in its partition; nil: not counted
@@ -199,6 +217,14 @@ func (s *Service) Handle(r micro.Request) {
 			}
 		}
 	}
+	if p.ReservedOnly() {
+		if !req.dryRun {
+			s.m.decision(p.Name, resError)
+		}
+		s.replyError(r, p.Name, start, fmt.Errorf("%w: policy %q has a concurrency limit: its units are held until released, so it is reserved with %s.v1.reserve, not decided",
+			fail.ErrBadRequest, p.Name, s.prefix()))
+		return
+	}
 	rq, _ := s.routed.Get().(*routed)
 	if rq == nil {
 		rq = new(routed)
@@ -227,7 +253,7 @@ func (s *Service) route(rq *routed, now time.Time) {
 	// A leased key's request is spent from this node's grant when it
 	// can be: not a dry run, no request_id (dedupe is the owner's), not
 	// already forwarded (a forwarded one is the strict fallback).
-	if rq.p.Mode == policies.ModeLeased && s.cfg.Leases != nil && !rq.hopped && !rq.req.dryRun && rq.req.id == "" {
+	if rq.p.Mode == policies.ModeLeased && rq.op == opDecide && s.cfg.Leases != nil && !rq.hopped && !rq.req.dryRun && rq.req.id == "" {
 		if d, ok := s.cfg.Leases.Spend(rq.p, rq.key, rq.part, rq.req.cost, now); ok {
 			s.leased(rq, d, now)
 			return
@@ -268,6 +294,10 @@ func (s *Service) submit(rq *routed, slot *route.Slot, at time.Time) {
 		rq.c.ID, rq.c.HasID = keyrec.IDHash(rq.req.id), true
 	}
 	rq.c.Overflow = rq.overflow
+	if rq.op != opDecide {
+		rq.res.Key = rq.key
+		rq.c.Res = &rq.res
+	}
 	rq.slot = slot
 	s.cfg.Keys.Submit(rq.key, &rq.c, now, rq.hint)
 }
@@ -285,6 +315,11 @@ func (rq *routed) Finish(c *keys.Call) {
 		go s.forward(rq)
 		return
 	}
+	if c.Overflowed && rq.op > opReserve {
+		// A settle, release or renew of a key stored nowhere (its
+		// record expired): nothing to end.
+		c.Overflowed, c.Err = false, fmt.Errorf("%w: reservation %s: unknown, or it expired", errNotFound, rq.idOf())
+	}
 	if c.Overflowed && !rq.overflow {
 		// The key is new beyond its policy's max_keys here: the
 		// policy's overflow key decides, wherever it is owned.
@@ -295,6 +330,10 @@ func (rq *routed) Finish(c *keys.Call) {
 		rq.hopped = false // this node forwards it, if it must
 		s.route(rq, s.cfg.Runtime.Now())
 		return
+	}
+	if rq.op != opDecide {
+		s.finishRes(c, rq)
+		return // not pooled: reservation calls are not from the pool
 	}
 	s.finish(c, rq)
 	// Answered: nothing refers to rq any more (the owner handed c out,
@@ -342,7 +381,12 @@ func (s *Service) finish(c *keys.Call, rq *routed) {
 // before it returns); part is the limit key's partition (the reply's
 // "partition" hint), or -1.
 func (s *Service) replyOK(r micro.Request, start time.Time, d keyrec.Decision, part int, buf []byte) {
-	if err := s.respond(r, appendReply(buf, d, part)); err != nil {
+	s.replyRaw(r, start, appendReply(buf, d, part))
+}
+
+// replyRaw sends the reply body b of a request received at start.
+func (s *Service) replyRaw(r micro.Request, start time.Time, b []byte) {
+	if err := s.respond(r, b); err != nil {
 		s.log.Debug("reply failed", "error", err.Error())
 	}
 	s.m.duration.Observe(s.cfg.Runtime.Now().Sub(start).Seconds())
@@ -382,6 +426,8 @@ func (s *Service) replyError(r micro.Request, policy string, start time.Time, er
 		code, symbol, sentinel = "503", "unavailable", auth.ErrLookup
 	case errors.Is(err, fail.ErrUnavailable), errors.Is(err, fail.ErrFenced):
 		code, symbol, sentinel = "503", "unavailable", fail.ErrUnavailable
+	case errors.Is(err, errNotFound):
+		code, symbol, sentinel = "404", "not_found", errNotFound
 	}
 	// The symbol already says what the sentinel says: the message is the
 	// rest ("descriptor.plan: missing; …", not "mesh: bad request: …").
@@ -395,6 +441,14 @@ func (s *Service) replyError(r micro.Request, policy string, start time.Time, er
 	}
 	s.m.duration.Observe(s.cfg.Runtime.Now().Sub(start).Seconds())
 	s.inflight.Add(-1)
+}
+
+// prefix returns the subject prefix.
+func (s *Service) prefix() string {
+	if s.cfg.Prefix == "" {
+		return "rl"
+	}
+	return s.cfg.Prefix
 }
 
 // toOverflow makes rq a call for its policy's overflow key (CONTRACT.md

@@ -1,0 +1,268 @@
+package keyrec
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/limitmesh/limitmesh/policies"
+)
+
+// Reservations (CONTRACT §10, docs/protocol.md "Reservations"). A key
+// keeps, in its record, the reservations its owner admitted that are still
+// open, and for a while those that ended (so a settle, release or renew
+// sent again is answered with the first outcome), with the sequence their
+// ids come from. They are the extension section with tag 2, after the
+// grants section if the record has one; a record without reservations
+// (and without a reservation sequence) has no such section.
+
+// MaxReservations caps the open reservations of one key: a reserve beyond
+// it is denied until one ends. The ended ones a record remembers are
+// capped at the same number (the oldest go first).
+const MaxReservations = 1024
+
+// sectionReservations is the tag of the reservations extension section.
+const sectionReservations = 2
+
+// Outcome is how a reservation ended.
+type Outcome uint8
+
+// The outcomes; Open is a reservation that has not ended.
+const (
+	Open     Outcome = 0
+	Settled  Outcome = 1
+	Released Outcome = 2
+	Expired  Outcome = 3
+)
+
+// String returns the outcome's name (the label of
+// limitmesh_reservations_total and the reply's "outcome").
+func (o Outcome) String() string {
+	switch o {
+	case Settled:
+		return "settled"
+	case Released:
+		return "released"
+	case Expired:
+		return "expired"
+	}
+	return "open"
+}
+
+// Reservation is one reservation of a key: Units micro-units debited from
+// (held in) every limit of the key's policy when it was admitted, until it
+// ends. Instants in ns (Unix) of the owner's clock.
+type Reservation struct {
+	Seq      uint64 // unique per key: the record's ResSeq when it was made
+	Nonce    uint64 // random, part of the id: ids cannot be guessed
+	Units    int64  // reserved (> 0)
+	Revision uint64 // the policy revision that admitted it
+	At       int64  // when admitted
+	Expires  int64  // when it ends unless renewed (>= At)
+	// HasReqID and ReqID: the reserve's request_id (IDHash), so a retry
+	// of the reserve gets this reservation again; RequestID is the text,
+	// for its usage record.
+	HasReqID  bool
+	ReqID     [16]byte
+	RequestID string
+	// Desc is the reserve's descriptor, for its usage record.
+	Desc policies.Descriptor
+
+	// Ending, once Outcome is not Open: the units that stayed spent and
+	// the units given back (Settled + Returned == Units), and when.
+	Outcome  Outcome
+	Settled  int64
+	Returned int64
+	EndedAt  int64
+}
+
+// HoldID is the holder id the reservation's hold carries in the key's
+// concurrency limits (kvstate.Hold.ID).
+func (r *Reservation) HoldID() string {
+	return "r" + uitoa(r.Seq)
+}
+
+func uitoa(v uint64) string {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + v%10)
+		v /= 10
+		if v == 0 {
+			return string(b[i:])
+		}
+	}
+}
+
+const (
+	resFlagReqID = 1
+	resFlagEnded = 2
+)
+
+// appendReservations appends the reservations section of r, if r has one.
+func appendReservations(dst []byte, r *Record) []byte {
+	if r.ResSeq == 0 && len(r.Reservations) == 0 {
+		return dst
+	}
+	var body []byte
+	body = binary.AppendUvarint(body, r.ResSeq)
+	body = binary.AppendUvarint(body, uint64(len(r.Reservations)))
+	for i := range r.Reservations {
+		v := &r.Reservations[i]
+		body = binary.AppendUvarint(body, v.Seq)
+		body = binary.AppendUvarint(body, v.Nonce)
+		body = binary.AppendVarint(body, v.Units)
+		body = binary.AppendUvarint(body, v.Revision)
+		body = binary.AppendVarint(body, v.At)
+		body = binary.AppendVarint(body, v.Expires)
+		var f byte
+		if v.HasReqID {
+			f |= resFlagReqID
+		}
+		if v.Outcome != Open {
+			f |= resFlagEnded
+		}
+		body = append(body, f)
+		if v.HasReqID {
+			body = append(body, v.ReqID[:]...)
+			body = binary.AppendUvarint(body, uint64(len(v.RequestID)))
+			body = append(body, v.RequestID...)
+		}
+		body = binary.AppendUvarint(body, uint64(len(v.Desc)))
+		for _, d := range v.Desc {
+			body = binary.AppendUvarint(body, uint64(len(d.Name)))
+			body = append(body, d.Name...)
+			body = binary.AppendUvarint(body, uint64(len(d.Value)))
+			body = append(body, d.Value...)
+		}
+		if v.Outcome != Open {
+			body = append(body, byte(v.Outcome))
+			body = binary.AppendVarint(body, v.Settled)
+			body = binary.AppendVarint(body, v.Returned)
+			body = binary.AppendVarint(body, v.EndedAt)
+		}
+	}
+	dst = append(dst, sectionReservations)
+	dst = binary.AppendUvarint(dst, uint64(len(body)))
+	return append(dst, body...)
+}
+
+func decodeReservations(r *reader, rec *Record) {
+	rec.ResSeq = r.uvarint("reservation sequence")
+	n := r.uvarint("reservation count")
+	if r.err != nil {
+		return
+	}
+	if n > 2*MaxReservations {
+		r.fail(fmt.Sprintf("%d reservations, at most %d", n, 2*MaxReservations))
+		return
+	}
+	if n > 0 {
+		rec.Reservations = make([]Reservation, 0, n)
+	}
+	var last uint64
+	for i := uint64(0); i < n && r.err == nil; i++ {
+		var v Reservation
+		v.Seq = r.uvarint("reservation id")
+		v.Nonce = r.uvarint("reservation nonce")
+		v.Units = r.varint("reservation units")
+		v.Revision = r.uvarint("reservation revision")
+		v.At = r.varint("reservation at")
+		v.Expires = r.varint("reservation expiry")
+		f := r.bytes(1, "reservation flags")
+		if r.err != nil {
+			return
+		}
+		if f[0]&^(resFlagReqID|resFlagEnded) != 0 {
+			r.fail("unknown reservation flags")
+			return
+		}
+		if f[0]&resFlagReqID != 0 {
+			v.HasReqID = true
+			copy(v.ReqID[:], r.bytes(16, "reservation request id"))
+			l := r.uvarint("request_id length")
+			if l > 128 {
+				r.fail("request_id length")
+				return
+			}
+			v.RequestID = string(r.bytes(l, "request_id"))
+		}
+		nd := r.uvarint("dimensions")
+		if r.err == nil && (nd == 0 || nd > policies.MaxDims) {
+			r.fail("reservation dimensions")
+		}
+		if r.err != nil {
+			return
+		}
+		dims := make([]policies.Dim, 0, nd)
+		for j := uint64(0); j < nd && r.err == nil; j++ {
+			name := string(r.bytes(r.uvarint("dimension name length"), "dimension name"))
+			value := string(r.bytes(r.uvarint("dimension value length"), "dimension value"))
+			dims = append(dims, policies.Dim{Name: name, Value: value})
+		}
+		if r.err != nil {
+			return
+		}
+		d, err := policies.NewDescriptor(dims)
+		if err != nil {
+			r.fail("reservation descriptor: " + err.Error())
+			return
+		}
+		v.Desc = d
+		if f[0]&resFlagEnded != 0 {
+			o := r.bytes(1, "reservation outcome")
+			v.Settled = r.varint("reservation settled")
+			v.Returned = r.varint("reservation returned")
+			v.EndedAt = r.varint("reservation end")
+			if r.err != nil {
+				return
+			}
+			v.Outcome = Outcome(o[0])
+			if v.Outcome < Settled || v.Outcome > Expired || v.Settled < 0 || v.Returned < 0 || v.Settled > v.Units-v.Returned || v.Settled+v.Returned != v.Units {
+				r.fail("invalid reservation ending")
+				return
+			}
+		}
+		if v.Seq == 0 || v.Seq > rec.ResSeq || v.Seq <= last || v.Units <= 0 || v.Expires < v.At {
+			r.fail("invalid reservation")
+			return
+		}
+		last = v.Seq
+		rec.Reservations = append(rec.Reservations, v)
+	}
+}
+
+// Reservation returns the reservation with seq, if r remembers it.
+func (r *Record) Reservation(seq uint64) (*Reservation, bool) {
+	for i := range r.Reservations {
+		if r.Reservations[i].Seq == seq {
+			return &r.Reservations[i], true
+		}
+	}
+	return nil, false
+}
+
+// ReservationByRequest returns the reservation a reserve with request_id
+// hash id made, if r remembers it.
+func (r *Record) ReservationByRequest(id [16]byte) (*Reservation, bool) {
+	for i := range r.Reservations {
+		if v := &r.Reservations[i]; v.HasReqID && v.ReqID == id {
+			return v, true
+		}
+	}
+	return nil, false
+}
+
+// OpenReservations counts r's open reservations and returns the earliest
+// expiry among them (0 when none).
+func (r *Record) OpenReservations() (n int, next int64) {
+	for i := range r.Reservations {
+		if v := &r.Reservations[i]; v.Outcome == Open {
+			n++
+			if next == 0 || v.Expires < next {
+				next = v.Expires
+			}
+		}
+	}
+	return n, next
+}

@@ -1,0 +1,269 @@
+package keys
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/fail"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
+	"github.com/limitmesh/limitmesh/mesh/internal/lease"
+	"github.com/limitmesh/limitmesh/policies"
+)
+
+// Reservations (CONTRACT §10, docs/protocol.md "Reservations"). A Call
+// with a ResOp reserves, settles, releases or renews a reservation of its
+// key, or sweeps the key's expired reservations. Its owner applies it to
+// the key's record like a strict decision, whatever the policy's mode: the
+// record, reservations included, is written before the call is answered,
+// so a failover never forgets a reservation its owner acknowledged, and
+// the usage of a reservation's end is journalled with the write that ends
+// it (exactly once in the ledger, like a strict admission).
+//
+// A reservation is a grant to one request: reserving debits its units
+// from every limit of the key (a concurrency limit takes a hold named
+// after it, until its expiry); settling gives back the units not used
+// (lease.Refund: never above a limit's capacity; a concurrency hold is
+// released whole); an expiry leaves them spent (a concurrency hold ends by
+// itself at the same instant).
+
+// ResKind is the operation of a ResOp.
+type ResKind uint8
+
+// The reservation operations.
+const (
+	ResReserve ResKind = iota + 1
+	ResSettle
+	ResRelease
+	ResRenew
+	ResSweep // end the expired reservations, nothing else
+)
+
+// ResOp is a reservation operation of a key's owner.
+type ResOp struct {
+	Kind ResKind
+	// Key is the call's limit key: the reservation ids name it.
+	Key string
+	// TTL (ns): of a reserve, and the extension of a renew.
+	TTL int64
+	// Nonce: of the new reservation (reserve), or the one the id names.
+	Nonce uint64
+	// Seq is the reservation the id names (settle, release, renew).
+	Seq uint64
+	// Units is what a settle keeps spent, in micro-units (0..reserved);
+	// -1 settles the whole reservation.
+	Units int64
+
+	// Results, set when the call is decided (Call.Err nil).
+	//
+	// Res is the reservation as the call left it: a reserve's new one
+	// (when admitted), or the one settled, released or renewed. Again is
+	// true when it had ended before the call (a settle sent again): Res
+	// holds its first ending. NotFound: no such reservation, or it
+	// expired.
+	Res      keyrec.Reservation
+	Again    bool
+	NotFound bool
+	// Ended counts, by outcome, the reservations this call ended
+	// (including the expired ones it swept).
+	Ended [keyrec.Expired + 1]int
+	// Open and Next: the key's open reservations after the call and the
+	// earliest expiry among them (0: none), for the node's sweeps.
+	Open int
+	Next int64
+}
+
+// decideRes applies c's reservation operation to rec at now and reports
+// whether rec changed.
+func (o *owner) decideRes(rec *keyrec.Record, c *Call, p *policies.Policy, now int64) bool {
+	op := c.Res
+	c.mode = policies.ModeStrict // written before the reply, whatever p's mode
+	c.At = now
+	limits := o.limitsFor(p)
+	changed := o.expireReservations(rec, op, p, now)
+	switch op.Kind {
+	case ResReserve:
+		changed = o.reserve(rec, c, p, limits, now) || changed
+	case ResSettle, ResRelease, ResRenew:
+		changed = o.endOrRenew(rec, c, p, limits, now) || changed
+	case ResSweep:
+		c.Out = o.probe(rec, p, limits, now)
+	}
+	op.Open, op.Next = rec.OpenReservations()
+	return changed
+}
+
+// probe returns the key's decision for a cost of 0 at now: its remaining
+// units and reset time, spending nothing.
+func (o *owner) probe(rec *keyrec.Record, p *policies.Policy, limits []kvstate.Limit, now int64) keyrec.Decision {
+	kd, states := kvstate.DecideAll(limits, rec.States, now, 0, o.spare)
+	o.spare = states
+	return decisionOf(kd, p)
+}
+
+// expireReservations ends rec's open reservations whose expiry is at or
+// before now (their units stay spent) and forgets ended ones older than
+// keyrec.DedupeWindow, keeping at most keyrec.MaxReservations of them.
+func (o *owner) expireReservations(rec *keyrec.Record, op *ResOp, p *policies.Policy, now int64) bool {
+	changed := false
+	ended := 0
+	for i := range rec.Reservations {
+		v := &rec.Reservations[i]
+		if v.Outcome == keyrec.Open && v.Expires <= now {
+			o.end(rec, v, op, keyrec.Expired, v.Units, now)
+			changed = true
+		}
+		if v.Outcome != keyrec.Open {
+			ended++
+		}
+	}
+	drop := max(ended-keyrec.MaxReservations, 0)
+	kept := rec.Reservations[:0:0]
+	for _, v := range rec.Reservations {
+		if v.Outcome != keyrec.Open && (now-v.EndedAt >= keyrec.DedupeWindow || drop > 0) {
+			if now-v.EndedAt < keyrec.DedupeWindow {
+				drop--
+			}
+			changed = true
+			continue
+		}
+		kept = append(kept, v)
+	}
+	if changed {
+		if len(kept) == 0 {
+			kept = nil
+		}
+		rec.Reservations = kept
+	}
+	return changed
+}
+
+// end ends reservation v of rec at now with outcome, settled units staying
+// spent, and queues the usage record of its end. The caller has given
+// back the rest.
+func (o *owner) end(rec *keyrec.Record, v *keyrec.Reservation, op *ResOp, outcome keyrec.Outcome, settled, now int64) {
+	v.Outcome, v.Settled, v.Returned, v.EndedAt = outcome, settled, v.Units-settled, now
+	op.Ended[outcome]++
+	o.usage = append(o.usage, keyrec.Usage{At: now, Revision: v.Revision, Cost: settled, Desc: v.Desc,
+		RequestID: v.RequestID, Reservation: keyrec.ReservationID(op.Key, v.Seq, v.Nonce)})
+	o.usageAsync = append(o.usageAsync, false)
+	o.usagePolicy = rec.Policy
+}
+
+// reserve decides a reserve call.
+func (o *owner) reserve(rec *keyrec.Record, c *Call, p *policies.Policy, limits []kvstate.Limit, now int64) bool {
+	op := c.Res
+	if c.HasID && !c.DryRun {
+		if v, ok := rec.ReservationByRequest(c.ID); ok {
+			op.Res, op.Again = *v, v.Outcome != keyrec.Open
+			c.Out = o.probe(rec, p, limits, now)
+			c.Out.Allowed, c.Out.Revision, c.Out.RetryAfter = true, v.Revision, 0
+			c.Deduped = true
+			return false
+		}
+		if d, ok := rec.FindDedupe(c.ID); ok {
+			d.Policy = p.Name
+			c.Out, c.Deduped = d, true
+			return false
+		}
+	}
+	open, next := rec.OpenReservations()
+	if open >= keyrec.MaxReservations {
+		c.Out = o.probe(rec, p, limits, now)
+		c.Out.Allowed, c.Out.RetryAfter = false, max(next-now, 1)
+		return false
+	}
+	ttl := int64(p.ReservationTTL(time.Duration(op.TTL)))
+	seq := max(rec.ResSeq+1, uint64(max(now, 0))/uint64(time.Millisecond))
+	v := keyrec.Reservation{Seq: seq, Nonce: op.Nonce, Units: c.Cost, Revision: p.Revision, At: now,
+		Expires: now + ttl, HasReqID: c.HasID, ReqID: c.ID, RequestID: c.RequestID, Desc: c.Desc}
+	kd, states := kvstate.DecideAllHold(limits, rec.States, now, c.Cost,
+		kvstate.HoldSpec{ID: v.HoldID(), Expires: v.Expires}, o.spare)
+	o.denying = !kd.Allowed
+	c.Out = decisionOf(kd, p)
+	if c.DryRun {
+		o.spare = states
+		return false
+	}
+	if !kd.Allowed {
+		o.spare = states
+		if c.HasID {
+			rec.AddDedupe(c.ID, now, c.Out)
+			return true
+		}
+		return false
+	}
+	rec.States, o.spare = states, rec.States
+	rec.ResSeq = seq
+	// Copy on write: a record shared with a pending write stays intact.
+	rec.Reservations = append(rec.Reservations[:len(rec.Reservations):len(rec.Reservations)], v)
+	op.Res = v
+	return true
+}
+
+// endOrRenew decides a settle, release or renew call.
+func (o *owner) endOrRenew(rec *keyrec.Record, c *Call, p *policies.Policy, limits []kvstate.Limit, now int64) bool {
+	op := c.Res
+	v, ok := rec.Reservation(op.Seq)
+	if !ok || v.Nonce != op.Nonce || v.Outcome == keyrec.Expired {
+		op.NotFound = true
+		c.Out = o.probe(rec, p, limits, now)
+		return false
+	}
+	if v.Outcome != keyrec.Open {
+		op.Res, op.Again = *v, true
+		c.Out = o.probe(rec, p, limits, now)
+		return false
+	}
+	// Copy on write, as above.
+	rec.Reservations = append([]keyrec.Reservation(nil), rec.Reservations...)
+	v, _ = rec.Reservation(op.Seq)
+	hold := v.HoldID()
+	states := append([]kvstate.State(nil), rec.States...)
+	if op.Kind == ResRenew {
+		v.Expires = now + int64(p.ReservationTTL(time.Duration(op.TTL)))
+		for i, l := range limits {
+			if i < len(states) && l.Algorithm == kvstate.Concurrency {
+				states[i], _ = kvstate.Extend(states[i], now, hold, min(v.Expires, now+l.Window))
+			}
+		}
+		rec.States = states
+		op.Res = *v
+		c.Out = o.probe(rec, p, limits, now)
+		return true
+	}
+	settled := op.Units
+	if op.Kind == ResRelease {
+		settled = 0
+	}
+	if settled < 0 {
+		settled = v.Units
+	}
+	if settled > v.Units {
+		c.Err = fmt.Errorf("%w: cost: %s is above the reserved %s", fail.ErrBadRequest, micro(settled), micro(v.Units))
+		return false
+	}
+	back := v.Units - settled
+	for i, l := range limits {
+		if i >= len(states) {
+			break
+		}
+		if l.Algorithm == kvstate.Concurrency {
+			states[i] = kvstate.Release(states[i], now, hold)
+		} else if back > 0 {
+			states[i], _ = lease.Refund(l, states[i], now, back, v.At)
+		}
+	}
+	rec.States = states
+	outcome := keyrec.Settled
+	if op.Kind == ResRelease {
+		outcome = keyrec.Released
+	}
+	o.end(rec, v, op, outcome, settled, now)
+	op.Res = *v
+	c.Out = o.probe(rec, p, limits, now)
+	return true
+}
+
+// micro formats micro-units as a decimal for messages.
+func micro(v int64) string { return string(kvstate.AppendUnits(nil, v)) }

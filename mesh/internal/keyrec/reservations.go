@@ -188,7 +188,7 @@ func decodeReservations(r *reader, rec *Record) {
 			v.RequestID = string(r.bytes(l, "request_id"))
 		}
 		nd := r.uvarint("dimensions")
-		if r.err == nil && (nd == 0 || nd > policies.MaxDims) {
+		if r.err == nil && nd > policies.MaxDims {
 			r.fail("reservation dimensions")
 		}
 		if r.err != nil {
@@ -203,12 +203,14 @@ func decodeReservations(r *reader, rec *Record) {
 		if r.err != nil {
 			return
 		}
-		d, err := policies.NewDescriptor(dims)
-		if err != nil {
-			r.fail("reservation descriptor: " + err.Error())
-			return
+		if nd > 0 {
+			d, err := policies.NewDescriptor(dims)
+			if err != nil {
+				r.fail("reservation descriptor: " + err.Error())
+				return
+			}
+			v.Desc = d
 		}
-		v.Desc = d
 		if f[0]&resFlagEnded != 0 {
 			o := r.bytes(1, "reservation outcome")
 			v.Settled = r.varint("reservation settled")
@@ -218,7 +220,7 @@ func decodeReservations(r *reader, rec *Record) {
 				return
 			}
 			v.Outcome = Outcome(o[0])
-			if v.Outcome < Settled || v.Outcome > Expired || v.Settled < 0 || v.Returned < 0 || v.Settled > v.Units-v.Returned || v.Settled+v.Returned != v.Units {
+			if v.Outcome < Settled || v.Outcome > Expired || v.Settled < 0 || v.Returned < 0 || v.Settled+v.Returned != v.Units {
 				r.fail("invalid reservation ending")
 				return
 			}

@@ -319,12 +319,16 @@ func checkMemberName(name jsonValue, path string) error {
 }
 
 // fieldPath is how an error message names the body's member name: bare
-// for the request's fields, else as label does.
+// for the request's fields (and the reservation endpoints', reserve.go),
+// else as label does.
 func fieldPath(name string) string {
 	for _, f := range requestFields {
 		if name == f {
 			return f
 		}
+	}
+	if name == fieldTTL || name == fieldReservation {
+		return name
 	}
 	return label(name)
 }

@@ -297,6 +297,7 @@ func (s *Service) submit(rq *routed, slot *route.Slot, at time.Time) {
 	if rq.op != opDecide {
 		rq.res.Key = rq.key
 		rq.c.Res = &rq.res
+		rq.c.Desc, rq.c.RequestID = rq.req.desc, rq.req.id // kept with a reservation, for its usage
 	}
 	rq.slot = slot
 	s.cfg.Keys.Submit(rq.key, &rq.c, now, rq.hint)

@@ -279,8 +279,9 @@ func appendTailJSON(dst []byte, b *lmusage.Batch, i int) []byte {
 //
 //	2026-12-03T10:00:00.123456Z n1 acme-search allowed 2.5 p.acme-search.tenant=acme tenant=acme id=n1.b.7 request_id=r1
 //
-// (descriptor values and request ids are quoted when they hold spaces,
-// commas, quotes or '=').
+// with reservation=<id> last for a reservation's end (CONTRACT.md §10)
+// (descriptor values, request ids and reservations are quoted when they
+// hold spaces, commas, quotes or '=').
 func appendTailLine(dst []byte, b *lmusage.Batch, i int) []byte {
 	r := &b.Records[i]
 	dst = time.UnixMicro(r.TimeUs).UTC().AppendFormat(dst, "2006-01-02T15:04:05.000000Z")
@@ -318,6 +319,10 @@ func appendTailLine(dst []byte, b *lmusage.Batch, i int) []byte {
 	if r.RequestID != "" {
 		dst = append(dst, " request_id="...)
 		dst = appendMaybeQuoted(dst, r.RequestID)
+	}
+	if r.Reservation != "" {
+		dst = append(dst, " reservation="...)
+		dst = appendMaybeQuoted(dst, r.Reservation)
 	}
 	return dst
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -318,5 +319,31 @@ func TestUsageExport(t *testing.T) {
 	}
 	if code, _, _ := run(t, nil, "usage", "export", "--nats-url", f.url, "extra"); code != 2 {
 		t.Fatalf("extra argument: exit %d", code)
+	}
+
+	// A reservation's end (CONTRACT.md §10): a release costs 0 and names
+	// its reservation, in both forms.
+	d, err := policies.NewDescriptor([]policies.Dim{{Name: "tenant", Value: "c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const res = "r1.00000000002a.p.cedar.tenant=c"
+	if !f.pub.Add("cedar", lmusage.Record{TimeUs: dec3, Revision: 2, Key: "p.cedar.tenant=c", Descriptor: d, Allowed: true, Reservation: res}) {
+		t.Fatal("Add refused")
+	}
+	f.waitLedger(t)
+	code, out, errs = run(t, nil, "usage", "export", "--nats-url", f.url, "--policy", "cedar")
+	if code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, " cedar allowed 0 p.cedar.tenant=c tenant=c id=") ||
+		!strings.HasSuffix(out, " reservation="+strconv.Quote(res)+"\n") { // quoted: it holds '='
+		t.Fatalf("a release: exit %d, %q %q", code, out, errs)
+	}
+	code, out, errs = run(t, nil, "usage", "export", "--nats-url", f.url, "--policy", "cedar", "--json")
+	var rec struct {
+		Cost        *float64
+		Result      string
+		Reservation string
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil || rec.Cost == nil || *rec.Cost != 0 || rec.Result != "allowed" || rec.Reservation != res {
+		t.Fatalf("a release with --json: exit %d, %q %q", code, out, errs)
 	}
 }

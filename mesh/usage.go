@@ -72,9 +72,11 @@ func (u usageSink) directOf(key string, record []byte, us []keyrec.Usage) {
 	u.lost(policy, key, us)
 }
 
+// record is the usage record of admission us of key: an allowed decision,
+// or a reservation's end (its settled cost, 0 for a release, and its id).
 func (usageSink) record(id, key string, us *keyrec.Usage) usage.Record {
 	return usage.Record{ID: id, TimeUs: us.At / 1000, Revision: us.Revision, Key: key,
-		Descriptor: us.Desc, Cost: us.Cost, Allowed: true, RequestID: us.RequestID}
+		Descriptor: us.Desc, Cost: us.Cost, Allowed: true, RequestID: us.RequestID, Reservation: us.Reservation}
 }
 
 // quotaLimits returns the quota limits of policy name in force, for the

@@ -76,7 +76,8 @@ func genCandidates(t *rapid.T) []*policies.Policy {
 
 // genRecords draws up to n records: descriptors over a few values
 // (sometimes lacking a dimension), times mostly forward with some steps
-// back, costs of 0.5 to 3 units, random live results.
+// back, costs of 0.5 to 3 units, random live results, and some released
+// reservations (CONTRACT.md §10: allowed, cost 0).
 func genRecords(t *rapid.T, n int) []usage.Record {
 	count := rapid.IntRange(0, n).Draw(t, "records")
 	out := make([]usage.Record, 0, count)
@@ -96,8 +97,12 @@ func genRecords(t *rapid.T, n int) []usage.Record {
 			t.Fatal(err)
 		}
 		at += rapid.OneOf(rapid.Just(int64(0)), rapid.Int64Range(0, 400_000), rapid.Int64Range(-300_000, 0), rapid.Int64Range(0, 5_000_000)).Draw(t, "gap")
-		cost := rapid.SampledFrom([]int64{unit / 2, unit, unit, unit, 2 * unit, 3 * unit}).Draw(t, "cost")
-		out = append(out, usage.Record{TimeUs: at, Descriptor: d, Cost: cost, Allowed: rapid.Bool().Draw(t, "live")})
+		cost := rapid.SampledFrom([]int64{0, unit / 2, unit, unit, unit, 2 * unit, 3 * unit}).Draw(t, "cost")
+		r := usage.Record{TimeUs: at, Descriptor: d, Cost: cost, Allowed: rapid.Bool().Draw(t, "live")}
+		if cost == 0 {
+			r.Allowed, r.Reservation = true, fmt.Sprintf("r.%d", i)
+		}
+		out = append(out, r)
 	}
 	return out
 }
@@ -115,6 +120,9 @@ func naiveReplay(cands []*policies.Policy, recs []usage.Record) map[string]Summa
 			limits[i] = l.Limit
 		}
 		for _, r := range recs {
+			if r.Cost == 0 {
+				continue // a released reservation: no request
+			}
 			ok := true
 			for _, m := range p.Match {
 				v, has := r.Descriptor.Get(m.Name)

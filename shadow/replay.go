@@ -263,8 +263,14 @@ func (r *Replay) newCandidate(p *policies.Policy) *candidate {
 
 // Apply evaluates one record against every candidate that matches its
 // descriptor. rec.Descriptor must be valid and sorted (as
-// usage.DecodeBatch returns it) and rec.Cost > 0.
+// usage.DecodeBatch returns it) and rec.Cost >= 0. A reservation's end
+// (CONTRACT.md §10) is evaluated as a request of its settled cost at its
+// time; one that settled 0 (a release) spends nothing and is no request:
+// it is not evaluated, counted or kept.
 func (r *Replay) Apply(rec *usage.Record) {
+	if rec.Cost == 0 {
+		return
+	}
 	now := usToNs(rec.TimeUs)
 	for i := range r.groups {
 		g := &r.groups[i]

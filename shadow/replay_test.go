@@ -183,6 +183,40 @@ func TestReplayOverflow(t *testing.T) {
 	}
 }
 
+// TestReplayReservationEnds: a reservation's end (CONTRACT.md §10) is a
+// request of its settled cost at its time; one that settled 0 (a release)
+// spends nothing in a candidate and is not evaluated, counted or kept as
+// a key, and the summary's since_us is the first request's.
+func TestReplayReservationEnds(t *testing.T) {
+	p := mustPolicy(t, "per-user", 1, `{"match": {"user": "*"}, "key": ["user"],
+		"limits": [{"algorithm": "fixed_window", "limit": 2, "window": "1m"}], "shadow": true}`)
+	r := NewReplay(Options{})
+	r.SetCandidates([]*policyT{p})
+	end := func(user string, at, cost int64) {
+		x := rec(desc(t, "user", user), at, cost, true)
+		x.Reservation = "r." + user
+		r.Apply(&x)
+	}
+	end("a", 0, 0) // released before anything: no key, no since_us
+	if s, _ := r.Summary("per-user"); s.Evaluated != 0 || s.Keys != 0 || s.SinceUs != 0 {
+		t.Fatalf("after a release: %+v", s)
+	}
+	end("a", 1, 2) // settled at 2: the window is full
+	for i := range int64(5) {
+		end("a", 2+i, 0) // releases: they spend nothing, so they are never denied
+	}
+	end("b", 3, 0)
+	s, _ := r.Summary("per-user")
+	if s.Evaluated != 1 || s.WouldAllow != 1 || s.WouldDeny != 0 || s.Keys != 1 || s.SinceUs != t0+1 || s.LastUs != t0+1 {
+		t.Fatalf("after the settle and releases: %+v", s)
+	}
+	end("a", 10, 1) // a request of 1 finds the window full
+	s, _ = r.Summary("per-user")
+	if s.Evaluated != 2 || s.WouldDeny != 1 || s.WouldDenyUnits != Units(unit) {
+		t.Fatalf("after a settle of 1: %+v", s)
+	}
+}
+
 // TestSummaryJSON: the stored summary has the contract's fields in its
 // order, units as decimal numbers, an empty top list as [] and reads back
 // equal.

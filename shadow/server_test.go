@@ -123,7 +123,9 @@ func publishBatches(t testing.TB, js jetstream.JetStream, prefix, node string, r
 
 // genStream returns n records over a few tenants, operations and users,
 // at times from t0 a few ms apart, with costs of 1 to 3 and live results
-// (about one in five denied), from seed.
+// (about one in five denied), from seed. About one in twenty is a
+// reservation's end (CONTRACT.md §10: allowed), half of those released
+// (cost 0).
 func genStream(t testing.TB, n int, seed uint64) []usage.Record {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, 1))
@@ -149,6 +151,12 @@ func genStream(t testing.TB, n int, seed uint64) []usage.Record {
 		}
 		out[i] = usage.Record{ID: fmt.Sprintf("n1.%d", i), TimeUs: at, Descriptor: d,
 			Cost: int64(1+rng.IntN(3)) * unit, Allowed: rng.IntN(5) > 0}
+		if rng.IntN(20) == 0 {
+			out[i].Allowed, out[i].Reservation = true, fmt.Sprintf("r.%d", i)
+			if rng.IntN(2) == 0 {
+				out[i].Cost = 0
+			}
+		}
 	}
 	return out
 }

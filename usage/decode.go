@@ -22,9 +22,11 @@ import (
 //     integer >= 0), "revision" (an integer >= 0), "key" ("" exactly when
 //     the batch's policy is "", else a valid KV key of at most 256 bytes),
 //     "descriptor" (an object following CONTRACT.md §2), "cost" (a JSON
-//     number > 0 and <= 1e9 with at most 6 fractional digits, no exponent),
-//     "result" ("allowed" or "denied") and optionally "request_id" (at most
-//     128 bytes of printable UTF-8);
+//     number > 0 and <= 1e9 with at most 6 fractional digits, no exponent;
+//     0 only in a record with a "reservation"), "result" ("allowed" or
+//     "denied"), optionally "request_id" (at most 128 bytes of printable
+//     UTF-8) and optionally "reservation" (the id of the reservation the
+//     record ends, CONTRACT.md §10: 1..128 bytes of printable UTF-8);
 //   - unknown fields are skipped (new optional fields are a compatible
 //     extension); a known field given twice, a missing required field,
 //     invalid UTF-8 in a string and trailing data are errors.
@@ -239,6 +241,7 @@ func (d *decoder) record(i int) (Record, error) {
 		fCost
 		fResult
 		fRequestID
+		fReservation
 		required = fID | fTime | fRevision | fKey | fDescriptor | fCost | fResult
 	)
 	self := loc{rec: i}
@@ -261,6 +264,8 @@ func (d *decoder) record(i int) (Record, error) {
 			bit = fResult
 		case "request_id":
 			bit = fRequestID
+		case "reservation":
+			bit = fReservation
 		default:
 			return false, nil
 		}
@@ -315,6 +320,12 @@ func (d *decoder) record(i int) (Record, error) {
 					err = fail(at, reason)
 				}
 			}
+		case fReservation:
+			if r.Reservation, err = d.str(at); err == nil {
+				if reason := reservationProblem(r.Reservation); reason != "" {
+					err = fail(at, reason)
+				}
+			}
 		}
 		return true, err
 	})
@@ -328,6 +339,9 @@ func (d *decoder) record(i int) (Record, error) {
 				return Record{}, fail(self.with(n), "missing")
 			}
 		}
+	}
+	if r.Cost == 0 && r.Reservation == "" {
+		return Record{}, fail(self.with("cost"), zeroCost)
 	}
 	desc, err := policies.NewDescriptor(d.dims[start : start+ndims : start+ndims])
 	if err != nil {
@@ -362,9 +376,14 @@ func (d *decoder) descriptor(at loc) (int, int, error) {
 	return start, len(d.dims) - start, err
 }
 
+// zeroCost is why a cost of 0 is refused in a record that ends no
+// reservation.
+const zeroCost = "is 0 and the record ends no reservation (only a reservation's end may cost 0)"
+
 // parseCost parses a cost's number text: the common forms (up to 10
 // integer digits, up to 6 fractional digits) here, the rest by
-// policies.ParseCost (same rules).
+// policies.ParseCost (same rules). Zero ("0", "0.0"...) parses: only the
+// caller knows whether its record ends a reservation.
 func parseCost(at loc, s string) (int64, error) {
 	i := 0
 	var whole int64
@@ -387,15 +406,27 @@ func parseCost(at loc, s string) (int64, error) {
 	}
 	if ok && i == len(s) {
 		v := whole*kvstate.Unit + frac*scale
-		if v > 0 && v <= policies.MaxCost {
+		if v <= policies.MaxCost {
 			return v, nil
 		}
 	}
 	v, err := policies.ParseCost(s)
 	if err != nil {
-		return 0, fail(at, strconv.Quote(s)+" is not a cost > 0 and <= 1e9 with at most 6 fractional digits")
+		return 0, fail(at, strconv.Quote(s)+" is not a cost >= 0 and <= 1e9 with at most 6 fractional digits")
 	}
 	return v, nil
+}
+
+// reservationProblem returns why s is not a reservation id (1..128 bytes
+// of printable UTF-8), or "".
+func reservationProblem(s string) string {
+	switch {
+	case s == "":
+		return "is empty"
+	case len(s) > MaxReservationLen:
+		return "is " + strconv.Itoa(len(s)) + " bytes (at most " + strconv.Itoa(MaxReservationLen) + ")"
+	}
+	return printable(s)
 }
 
 // checkID checks a record id or node name: 1..256 bytes of printable UTF-8.

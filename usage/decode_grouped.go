@@ -39,6 +39,7 @@ type groupedRaw struct {
 	journal     []int64
 	requestIDs  []indexed
 	ids         []indexed
+	reserv      []indexed // "reservations"
 
 	// The groups' columns, as read.
 	keyCol            []string
@@ -113,11 +114,12 @@ const (
 	gResults
 	gDescriptors
 	gFullKeys
+	gReservations
 	gRequired = gBatch | gTime | gSpan | gN | gKeys | gOrder | gDt | gRevisions | gAllowed | gAllowedUnits | gDenied | gDeniedUnits | gCosts | gResults
 )
 
 var groupedNames = [...]string{"batch", "t_us", "span_us", "n", "keys", "order", "dt_us", "origins", "journal", "request_ids", "ids",
-	"revisions", "allowed", "allowed_units", "denied", "denied_units", "costs", "results", "descriptors", "full_keys"}
+	"revisions", "allowed", "allowed_units", "denied", "denied_units", "costs", "results", "descriptors", "full_keys", "reservations"}
 
 // maxGrouped bounds the decisions of one grouped message (far above what
 // a publisher writes: MaxBatch and the message size bound it).
@@ -242,6 +244,8 @@ func (d *decoder) groupedField(name string, g *groupedRaw) (known bool, err erro
 		g.requestIDs, err = d.pairs(at, g.requestIDs[:0])
 	case gIDs:
 		g.ids, err = d.pairs(at, g.ids[:0])
+	case gReservations:
+		g.reserv, err = d.pairs(at, g.reserv[:0])
 	}
 	return true, err
 }
@@ -370,7 +374,8 @@ func (d *decoder) units(at loc, dst []int64) ([]int64, error) {
 	return dst, err
 }
 
-// cost reads one cost (a JSON number, as in a v1.1 record).
+// cost reads one cost (a JSON number, as in a v1.1 record; 0 too, which
+// assemble allows only for a decision with a reservation).
 func (d *decoder) cost(at loc) (int64, error) {
 	text, err := d.number(at)
 	if err != nil {
@@ -564,6 +569,7 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 		want += max(0, g.journal[r])
 	}
 	journal := make([]journalled, 0, min(want, int64(n)))
+	var free []int32 // the decisions that cost 0
 	t := lo
 	for i := 0; i < n; i++ {
 		gi := g.order[i]
@@ -581,6 +587,9 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 		cost := rg.cost
 		if rg.costs != nil {
 			cost = rg.costs[k]
+		}
+		if cost == 0 {
+			free = append(free, int32(i))
 		}
 		switch c := rg.results[k]; c {
 		case 'a', 'A':
@@ -645,12 +654,12 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 	if left != 0 || run != len(g.journal) {
 		return fail(top.with("journal"), "has positions for more decisions than are journalled")
 	}
-	// Request ids and explicit ids: increasing indexes below n, explicit
-	// ids only for decisions not journalled.
+	// Request ids, reservations and explicit ids: increasing indexes
+	// below n, explicit ids only for decisions not journalled.
 	for _, f := range []struct {
 		name string
 		list []indexed
-	}{{"request_ids", g.requestIDs}, {"ids", g.ids}} {
+	}{{"request_ids", g.requestIDs}, {"reservations", g.reserv}, {"ids", g.ids}} {
 		at := top.with(f.name)
 		last := int64(-1)
 		jn := 0
@@ -659,11 +668,17 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 				return fail(at, "index "+strconv.FormatInt(p.i, 10)+" is out of order or range")
 			}
 			last = p.i
-			if f.name == "request_ids" {
+			switch f.name {
+			case "request_ids":
 				if len(p.v) > MaxRequestIDLen {
 					return fail(at, "has one of "+strconv.Itoa(len(p.v))+" bytes (at most 128)")
 				}
 				if reason := printable(p.v); reason != "" || p.v == "" {
+					return fail(at, "has one that "+reason)
+				}
+				continue
+			case "reservations":
+				if reason := reservationProblem(p.v); reason != "" {
 					return fail(at, "has one that "+reason)
 				}
 				continue
@@ -680,6 +695,16 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 			if _, _, ok := ParseJournalID(p.v); ok {
 				return fail(at, "has a journalled id (journalled decisions take their positions from \"journal\")")
 			}
+		}
+	}
+	// A decision that costs 0 ends a reservation (both lists increase).
+	res := g.reserv
+	for _, i := range free {
+		for len(res) > 0 && res[0].i < int64(i) {
+			res = res[1:]
+		}
+		if len(res) == 0 || res[0].i != int64(i) {
+			return fail(top.with("costs"), "the cost of decision "+strconv.Itoa(int(i))+" "+zeroCost)
 		}
 	}
 	b.Groups, b.journal, b.origins, b.raw = groups, journal, g.origins, g
@@ -723,6 +748,9 @@ func (g *groupedRaw) records(b *Batch, ids bool) []Record {
 	}
 	for _, p := range g.requestIDs {
 		recs[p.i].RequestID = p.v
+	}
+	for _, p := range g.reserv {
+		recs[p.i].Reservation = p.v
 	}
 	if ids {
 		for _, p := range g.ids {

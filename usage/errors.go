@@ -5,7 +5,7 @@ import "errors"
 // ErrInvalid is matched (with errors.Is) by every error [DecodeBatch]
 // returns: the bytes are not a usage batch of CONTRACT.md §6 (not JSON, a
 // wrong shape, or a field breaking its rule). The error names the offending
-// field, such as `records[3].cost: "0" must be > 0`.
+// field, such as `records[3].key: is empty`.
 var ErrInvalid = errors.New("usage: invalid batch")
 
 // ErrClosed is returned by [Publisher.Sync] and [Publisher.Close] once the

@@ -18,7 +18,7 @@ import (
 //	 "costs":[1,2.5],"results":["aA","d"],
 //	 "order":[0,1,0],"dt_us":[0,12,3],
 //	 "origins":["n1.<boot>"],"journal":[0,8812,4,1],
-//	 "request_ids":[[2,"7f1c2e"]]}
+//	 "request_ids":[[2,"7f1c2e"]],"reservations":[[1,"r.7.9f3c"]]}
 //
 // A group is one (key, revision, descriptor); its fields are columns, one
 // entry per group. A key is written without "p.<policy>." (full_keys
@@ -34,6 +34,9 @@ import (
 // index, journal sequence, first index, count). Ids: a journalled
 // decision's is <origin>.j<jseq>.<idx>, an ordinary one's <batch>.<i> (i
 // its index in the batch) unless "ids" names it ([[i,"id"],...]).
+// "request_ids" and "reservations" (the reservation a decision ends,
+// CONTRACT.md §10; only such a decision may cost 0) are [[i,"value"],...]
+// too, each present only when some decision has one.
 
 // maxGroupedBytes is the most bytes a grouped message is made of (below
 // NATS's default payload limit of 1 MiB, with room for headers). The
@@ -70,9 +73,12 @@ type encGroup struct {
 const groupedGroupBytes = 220
 
 // groupedDecisionBytes bounds the bytes a decision adds outside its
-// request_id: its group index, time delta, result letter, cost and a
-// journal run of its own.
+// request_id and reservation: its group index, time delta, result letter,
+// cost and a journal run of its own.
 const groupedDecisionBytes = 100
+
+// groupedPairBytes bounds an [i,"value"] pair's bytes outside its value.
+const groupedPairBytes = 16
 
 func (g *groupEncoder) reset() {
 	if g.first == nil {
@@ -148,6 +154,9 @@ func (g *groupEncoder) encode(dst []byte, node, policy, batch string, es []entry
 	for n < len(es) && n < maxN {
 		r := &es[n].r
 		add := groupedDecisionBytes + 6*len(r.RequestID) + 6*len(r.ID) + 6*len(es[n].node) + 6*len(es[n].boot)
+		if r.Reservation != "" {
+			add += groupedPairBytes + 6*len(r.Reservation)
+		}
 		if n > 0 && est+add+groupBytes(r) > maxBytes {
 			break
 		}
@@ -321,6 +330,7 @@ func (g *groupEncoder) encode(dst []byte, node, policy, batch string, es []entry
 	dst = append(dst, ']')
 	dst = g.appendJournal(dst, es[:n])
 	dst = appendIndexed(dst, `,"request_ids":[`, es[:n], func(e *entry) string { return e.r.RequestID })
+	dst = appendIndexed(dst, `,"reservations":[`, es[:n], func(e *entry) string { return e.r.Reservation })
 	dst = appendIndexed(dst, `,"ids":[`, es[:n], func(e *entry) string {
 		if e.node != "" {
 			return ""

@@ -16,7 +16,8 @@ import (
 // with descriptors their key carries, some not; revisions, costs and
 // results vary; some are journalled by one of two origins (in increasing
 // position per origin, as the publisher takes them), some have request
-// ids or ids of their own.
+// ids or ids of their own, some allowed ones end a reservation (and may
+// cost 0).
 func genRecords(t *rapid.T, policy string) []Record {
 	n := rapid.IntRange(1, 200).Draw(t, "n")
 	nkeys := rapid.IntRange(1, 8).Draw(t, "keys")
@@ -61,6 +62,12 @@ func genRecords(t *rapid.T, policy string) []Record {
 		}
 		if rapid.IntRange(0, 4).Draw(t, "rid") == 0 {
 			r.RequestID = "req \"" + strconv.Itoa(i) + "\" ü"
+		}
+		if r.Allowed && rapid.IntRange(0, 3).Draw(t, "reservation") == 0 {
+			r.Reservation = "res-" + strconv.Itoa(i) + " \\ é"
+			if rapid.Bool().Draw(t, "released") {
+				r.Cost = 0
+			}
 		}
 		out = append(out, r)
 	}
@@ -138,11 +145,15 @@ func TestGroupedRoundTrip(t *testing.T) {
 // A grouped message that contradicts itself is refused, naming the field.
 func TestGroupedRejects(t *testing.T) {
 	good := `{"node":"n1","policy":"p","batch":"n1.b.p.1","t_us":100,"span_us":10,"n":3,` +
-		`"keys":["tenant=a","tenant=b"],"revisions":[1,1],"allowed":[1,1],"allowed_units":[1,1],"denied":[1,0],"denied_units":[2,0],` +
-		`"costs":[[1,2],1],"results":["Ad","a"],` +
-		`"order":[0,1,0],"dt_us":[0,10,-5],"origins":["n1.b"],"journal":[0,7,0,1],"request_ids":[[1,"r"]]}`
-	if _, err := DecodeBatch([]byte(good)); err != nil {
+		`"keys":["tenant=a","tenant=b"],"revisions":[1,1],"allowed":[1,1],"allowed_units":[1,0],"denied":[1,0],"denied_units":[2,0],` +
+		`"costs":[[1,2],0],"results":["Ad","a"],` +
+		`"order":[0,1,0],"dt_us":[0,10,-5],"origins":["n1.b"],"journal":[0,7,0,1],"request_ids":[[1,"r"]],"reservations":[[1,"res-1"]]}`
+	b, err := DecodeBatch([]byte(good))
+	if err != nil {
 		t.Fatalf("the good message: %v", err)
+	}
+	if r := b.Records[1]; r.Cost != 0 || r.Reservation != "res-1" || !r.Allowed || b.Records[0].Reservation != "" || b.Records[2].Reservation != "" {
+		t.Fatalf("the good message's records: %+v", b.Records)
 	}
 	cases := []struct{ name, from, to, want string }{
 		{"totals disagree", `"denied_units":[2,0]`, `"denied_units":[3,0]`, "totals disagree"},
@@ -153,8 +164,21 @@ func TestGroupedRejects(t *testing.T) {
 		{"n disagrees", `"n":3`, `"n":4`, "n is 4"},
 		{"results too short", `"results":["Ad","a"]`, `"results":["Ad",""]`, "letters"},
 		{"bad letter", `"results":["Ad","a"]`, `"results":["Ax","a"]`, "not one of"},
-		{"costs too short", `"costs":[[1,2],1]`, `"costs":[[1],1]`, "costs for"},
-		{"costs empty", `"costs":[[1,2],1]`, `"costs":[[],1]`, "empty array"},
+		{"costs too short", `"costs":[[1,2],0]`, `"costs":[[1],0]`, "costs for"},
+		{"costs empty", `"costs":[[1,2],0]`, `"costs":[[],0]`, "empty array"},
+		{"negative cost", `"costs":[[1,2],0]`, `"costs":[[1,2],-1]`, "not a cost"},
+		{"cost 0 without a reservation", `"reservations":[[1,"res-1"]]`, `"reservations":[[2,"res-1"]]`, "decision 1 is 0 and the record ends no reservation"},
+		{"cost 0 and no reservations", `,"reservations":[[1,"res-1"]]`, ``, "decision 1 is 0"},
+		{"a cost of 0 in a list", `"allowed_units":[1,0],"denied":[1,0],"denied_units":[2,0],"costs":[[1,2],0]`,
+			`"allowed_units":[0,0],"denied":[1,0],"denied_units":[2,0],"costs":[[0,2],0]`, "decision 0 is 0 and the record ends no reservation"},
+		{"reservation index", `"reservations":[[1,"res-1"]]`, `"reservations":[[3,"res-1"]]`, "reservations: index 3 is out of order or range"},
+		{"reservations out of order", `"reservations":[[1,"res-1"]]`, `"reservations":[[1,"res-1"],[0,"res-0"]]`, "index 0 is out of order"},
+		{"reservation twice", `"reservations":[[1,"res-1"]]`, `"reservations":[[1,"res-1"],[1,"res-2"]]`, "index 1 is out of order"},
+		{"empty reservation", `"reservations":[[1,"res-1"]]`, `"reservations":[[1,""]]`, "has one that is empty"},
+		{"long reservation", `"reservations":[[1,"res-1"]]`, `"reservations":[[1,"` + strings.Repeat("r", 129) + `"]]`, "129 bytes (at most 128)"},
+		{"control reservation", `"reservations":[[1,"res-1"]]`, `"reservations":[[1,"res\u0007"]]`, "control character"},
+		{"reservation not a string", `"reservations":[[1,"res-1"]]`, `"reservations":[[1,7]]`, "reservations"},
+		{"reservations given twice", `"reservations":[[1,"res-1"]]`, `"reservations":[[1,"res-1"]],"reservations":[[1,"res-1"]]`, "given twice"},
 		{"column too short", `"revisions":[1,1]`, `"revisions":[1]`, "entries for 2 keys"},
 		{"column missing", `"revisions":[1,1],`, ``, "revisions: missing"},
 		{"journal short", `"journal":[0,7,0,1]`, `"journal":[]`, "fewer decisions"},
@@ -167,7 +191,7 @@ func TestGroupedRejects(t *testing.T) {
 		{"key of policy ''", `"policy":"p"`, `"policy":""`, `must be ""`},
 		{"bad key", `"keys":["tenant=a","tenant=b"]`, `"keys":["tenant=a","a..b"]`, "not a valid KV key"},
 		{"missing span", `"span_us":10,`, ``, "span_us: missing"},
-		{"units not canonical", `"allowed_units":[1,1]`, `"allowed_units":[1.0,1]`, "not a decimal"},
+		{"units not canonical", `"allowed_units":[1,0]`, `"allowed_units":[1.0,0]`, "not a decimal"},
 		{"no decision", `"order":[0,1,0]`, `"order":[0,0,0]`, "no decision"},
 		{"full key not blank", `"n":3,`, `"n":3,"full_keys":[[0,"x"]],`, "is not"},
 		{"descriptor index", `"n":3,`, `"n":3,"descriptors":[[2,{"a":"b"}]],`, "out of order or range"},
@@ -229,8 +253,14 @@ func TestLedgerGroupedMatchesRecords(t *testing.T) {
 			for i := 0; i < n; i++ {
 				tUs += rapid.Int64Range(0, 400).Draw(t, "dt")
 				k := rapid.IntRange(0, 3).Draw(t, "key")
-				r := Record{TimeUs: tUs, Revision: 1, Cost: int64(rapid.IntRange(1, 3).Draw(t, "cost")) * 500_000,
+				r := Record{TimeUs: tUs, Revision: 1, Cost: int64(rapid.IntRange(0, 3).Draw(t, "cost")) * 500_000,
 					Allowed: rapid.Bool().Draw(t, "allowed"), Descriptor: desc(t, "tenant", "t"+strconv.Itoa(k))}
+				switch {
+				case r.Cost == 0 && !r.Allowed:
+					r.Cost = 500_000
+				case r.Cost == 0 || r.Allowed && rapid.IntRange(0, 3).Draw(t, "settled") == 0:
+					r.Reservation = "r." + strconv.Itoa(m) + "." + strconv.Itoa(i) // a reservation's end (a release when it costs 0)
+				}
 				if policy != "" {
 					r.Key = "p." + policy + ".tenant=t" + strconv.Itoa(k)
 				}

@@ -163,6 +163,59 @@ func TestCoreTotalsAndPeriods(t *testing.T) {
 	}
 }
 
+// A reservation's end (CONTRACT.md §10) counts like any allowed record:
+// allowed +1, allowed_units + its settled cost, also when that is 0 (a
+// release), also journalled and published again, and the same whether
+// it comes as a v1.1 record or grouped by key (where a group of releases
+// only has totals of 0 units).
+func TestCoreReservationEnds(t *testing.T) {
+	res := func(r Record, id string) Record { r.Reservation = id; return r }
+	records := []Record{
+		res(rec("n1.b.j4.0", day0+1, "p.acme.t=a", 0, true), "r.1"),         // released
+		res(rec("n1.b.j4.1", day0+2, "p.acme.t=a", 2_500_000, true), "r.2"), // settled at 2.5
+		rec("n1.b.j4.2", day0+3, "p.acme.t=a", 1_000_000, true),             // an ordinary decision
+		rec("n1.b.7", day0+4, "p.acme.t=a", 3_000_000, false),               // a denied reserve
+		res(rec("n1.b.8", day0+5, "p.acme.t=b", 0, true), "r.3"),            // a group of releases only
+		res(rec("n1.b.9", day0+6, "p.acme.t=b", 0, true), "r.4"),
+	}
+	for i := range records {
+		records[i].Descriptor = desc(t, "t", records[i].Key[len("p.acme.t="):])
+	}
+	for _, grouped := range []bool{false, true} {
+		b := Batch{Node: "n1", Policy: "acme", Records: records}
+		if grouped {
+			var err error
+			if b, err = DecodeBatch(EncodeGrouped("n1", "acme", "n1.b.acme.1", records)); err != nil {
+				t.Fatal(err)
+			}
+			if len(b.Groups) != 2 || b.Groups[1].Allowed != 2 || b.Groups[1].AllowedUnits != 0 {
+				t.Fatalf("groups %+v", b.Groups)
+			}
+		}
+		l := newMemLedger()
+		c := runGroup(t, l, nil, []stored{{1, b}}, -1)
+		// The journalled ones again, in a later message of another node.
+		again := Batch{Node: "n2", Policy: "acme", Records: records[:2]}
+		runGroup(t, l, c, []stored{{2, again}}, -1)
+		got := ledgerSums(t, l)
+		want := map[string]sums{
+			"t.acme.2025-12-01.p.acme.t=a": {3, 3_500_000, 1, 3_000_000},
+			"t.acme.2025-12.p.acme.t=a":    {3, 3_500_000, 1, 3_000_000},
+			"t.acme.2025-12-01.p.acme.t=b": {2, 0, 0, 0},
+			"t.acme.2025-12.p.acme.t=b":    {2, 0, 0, 0},
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("grouped %v: got  %v\nwant %v", grouped, got, want)
+		}
+		if v := string(l.vals["t.acme.2025-12.p.acme.t=b"]); v != `{"policy":"acme","key":"p.acme.t=b","period":"2025-12","allowed":2,"allowed_units":"0","denied":0,"denied_units":"0","seq":1,"last_us":1764547200000006}` {
+			t.Fatalf("grouped %v: stored %s", grouped, v)
+		}
+		if tu := c.takeTouched(); tu[policyKey{"acme", "p.acme.t=b"}] != day0+6 {
+			t.Fatalf("grouped %v: touched %v", grouped, tu)
+		}
+	}
+}
+
 // A message delivered again after every entry was written changes nothing;
 // after some were written, it completes the others.
 func TestCoreRedelivery(t *testing.T) {

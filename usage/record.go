@@ -18,9 +18,14 @@ type Record struct {
 	Revision   uint64              // KV revision of the deciding policy; 0 when none matched
 	Key        string              // canonical limit key; "" when no policy matched
 	Descriptor policies.Descriptor // the request's dimensions, sorted by name
-	Cost       int64               // micro-units, > 0 (JSON: a decimal number such as 3 or 2.5)
+	Cost       int64               // micro-units, > 0, or 0 for a reservation's end (JSON: a decimal number such as 3 or 2.5)
 	Allowed    bool                // result "allowed" (true) or "denied"
 	RequestID  string              // the request's request_id; omitted from the JSON when ""
+	// Reservation is the id of the reservation this record ends (CONTRACT
+	// §10: one allowed record with the settled cost, which may be 0 for a
+	// release); omitted from the JSON when "". At most MaxReservationLen
+	// bytes of printable UTF-8.
+	Reservation string
 }
 
 // Batch is one message of the usage stream: the records of one policy
@@ -64,6 +69,9 @@ const (
 	MaxIDLen        = 256 // most bytes of a record id and of a node name
 	MaxRequestIDLen = 128 // most bytes of a request_id (CONTRACT.md §2)
 	MaxKeyLen       = 256 // most bytes of a limit key (policies/KEYS.md)
+	// MaxReservationLen is the most bytes of a reservation id (CONTRACT.md
+	// §10).
+	MaxReservationLen = 128
 )
 
 // AppendBatch appends the JSON encoding of b (CONTRACT.md §6) to dst and
@@ -135,6 +143,10 @@ func appendRecord(dst []byte, r *Record, idPrefix string, n uint64) []byte {
 	if r.RequestID != "" {
 		dst = append(dst, `,"request_id":`...)
 		dst = appendString(dst, r.RequestID)
+	}
+	if r.Reservation != "" {
+		dst = append(dst, `,"reservation":`...)
+		dst = appendString(dst, r.Reservation)
 	}
 	return append(dst, '}')
 }

@@ -51,11 +51,17 @@ func TestAppendBatchGolden(t *testing.T) {
 			Descriptor: desc(t, "tenant", "acme", "note", "a \"q\" \\ é/"), Cost: 2_500_000, Allowed: true, RequestID: "r1"},
 		{ID: "n1.7.j9.0", TimeUs: 5, Revision: 12, Key: "p.acme-search.tenant=acme",
 			Descriptor: desc(t, "tenant", "acme"), Cost: 1, Allowed: false},
+		{ID: "n1.7.j9.1", TimeUs: 6, Revision: 12, Key: "p.acme-search.tenant=acme",
+			Descriptor: desc(t, "tenant", "acme"), Cost: 0, Allowed: true, Reservation: "r.3.9f \"x\""},
+		{ID: "n1.7.2", TimeUs: 7, Revision: 12, Key: "p.acme-search.tenant=acme",
+			Descriptor: desc(t, "tenant", "acme"), Cost: 1_500_000, Allowed: true, RequestID: "r2", Reservation: "r.4.0a"},
 	}}
 	got := string(AppendBatch(nil, &b))
 	want := `{"node":"n1","policy":"acme-search","records":[` +
 		`{"id":"n1.7.1","t_us":1764752400123456,"revision":12,"key":"p.acme-search.tenant=acme","descriptor":{"note":"a \"q\" \\ é/","tenant":"acme"},"cost":2.5,"result":"allowed","request_id":"r1"},` +
-		`{"id":"n1.7.j9.0","t_us":5,"revision":12,"key":"p.acme-search.tenant=acme","descriptor":{"tenant":"acme"},"cost":0.000001,"result":"denied"}]}`
+		`{"id":"n1.7.j9.0","t_us":5,"revision":12,"key":"p.acme-search.tenant=acme","descriptor":{"tenant":"acme"},"cost":0.000001,"result":"denied"},` +
+		`{"id":"n1.7.j9.1","t_us":6,"revision":12,"key":"p.acme-search.tenant=acme","descriptor":{"tenant":"acme"},"cost":0,"result":"allowed","reservation":"r.3.9f \"x\""},` +
+		`{"id":"n1.7.2","t_us":7,"revision":12,"key":"p.acme-search.tenant=acme","descriptor":{"tenant":"acme"},"cost":1.5,"result":"allowed","request_id":"r2","reservation":"r.4.0a"}]}`
 	if got != want {
 		t.Fatalf("got\n%s\nwant\n%s", got, want)
 	}
@@ -110,6 +116,15 @@ func TestDecodeRejects(t *testing.T) {
 		{"empty value", rec(strings.Replace(ok, `{"t":"x"}`, `{"t":""}`, 1)), "records[0].descriptor.t"},
 		{"number value", rec(strings.Replace(ok, `{"t":"x"}`, `{"t":1}`, 1)), "records[0].descriptor.t"},
 		{"zero cost", rec(strings.Replace(ok, `"cost":1`, `"cost":0`, 1)), "records[0].cost"},
+		{"zero cost in decimals", rec(strings.Replace(ok, `"cost":1`, `"cost":0.000`, 1)), "records[0].cost"},
+		{"negative cost with a reservation", rec(strings.Replace(ok, `"cost":1`, `"cost":-1`, 1) + `,"reservation":"r"`), "records[0].cost"},
+		{"empty reservation", rec(strings.Replace(ok, `"cost":1`, `"cost":0`, 1) + `,"reservation":""`), "records[0].reservation"},
+		{"long reservation", rec(ok + `,"reservation":"` + strings.Repeat("r", 129) + `"`), "records[0].reservation"},
+		{"control reservation", rec(ok + `,"reservation":"r\n"`), "records[0].reservation"},
+		{"invalid utf8 reservation", rec(ok + ",\"reservation\":\"r\xc3\""), "records[0].reservation"},
+		{"number reservation", rec(ok + `,"reservation":12`), "records[0].reservation"},
+		{"null reservation", rec(ok + `,"reservation":null`), "records[0].reservation"},
+		{"reservation twice", rec(ok + `,"reservation":"a","reservation":"a"`), "records[0].reservation"},
 		{"negative cost", rec(strings.Replace(ok, `"cost":1`, `"cost":-1`, 1)), "records[0].cost"},
 		{"7 decimals", rec(strings.Replace(ok, `"cost":1`, `"cost":0.0000001`, 1)), "records[0].cost"},
 		{"exponent", rec(strings.Replace(ok, `"cost":1`, `"cost":1e3`, 1)), "records[0].cost"},
@@ -152,6 +167,30 @@ func TestDecodeAccepts(t *testing.T) {
 	}
 }
 
+// A reservation's end (CONTRACT.md §10) may cost 0, in any form of zero,
+// and carries its reservation id (128 bytes at most, of any printable
+// UTF-8).
+func TestDecodeReservationEnd(t *testing.T) {
+	long := strings.Repeat("é", 64)
+	for _, c := range []struct{ cost, res, wantRes string }{
+		{`0`, `"r.1"`, "r.1"},
+		{`0.0`, `"r.1"`, "r.1"},
+		{`0.000000`, `"\u0072.1"`, "r.1"},
+		{`2.5`, `"` + long + `"`, long},
+	} {
+		in := `{"node":"n","policy":"p","records":[{"id":"a","t_us":1,"revision":1,"key":"p.p","descriptor":{"t":"x"},` +
+			`"reservation":` + c.res + `,"cost":` + c.cost + `,"result":"allowed"}]}`
+		b, err := DecodeBatch([]byte(in))
+		if err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		r := b.Records[0]
+		if r.Reservation != c.wantRes || (r.Cost == 0) != (c.cost != "2.5") {
+			t.Fatalf("%s: got %+v", in, r)
+		}
+	}
+}
+
 func FuzzDecodeBatch(f *testing.F) {
 	f.Add([]byte(`{"node":"n1","policy":"acme-search","records":[{"id":"n1.7.1","t_us":1764752400123456,"revision":12,"key":"p.acme-search.tenant=acme","descriptor":{"tenant":"acme"},"cost":2.5,"result":"allowed","request_id":"r1"}]}`))
 	f.Add([]byte(`{"node":"n","policy":"","records":[{"id":"x","t_us":0,"revision":0,"key":"","descriptor":{"a":"\u0041\ud83d\ude00"},"cost":1,"result":"denied","q":[{}]}]}`))
@@ -161,6 +200,11 @@ func FuzzDecodeBatch(f *testing.F) {
 		`"keys":["tenant=a","tenant=b"],"revisions":[1,1],"allowed":[1,1],"allowed_units":[1,1],"denied":[1,0],"denied_units":[2,0],` +
 		`"costs":[[1,2],1],"results":["Ad","a"],"full_keys":[],"descriptors":[[1,{"tenant":"b","x":"y"}]],` +
 		`"order":[0,1,0],"dt_us":[0,10,-5],"origins":["n1.b"],"journal":[0,7,0,1],"request_ids":[[1,"r"]],"ids":[[1,"x"]]}`))
+	f.Add([]byte(`{"node":"n","policy":"p","records":[{"id":"a","t_us":1,"revision":1,"key":"p.p","descriptor":{"t":"x"},"cost":0,"result":"allowed","reservation":"r.1.\u00e9"},` +
+		`{"id":"b","t_us":1,"revision":1,"key":"p.p","descriptor":{"t":"x"},"cost":0.5,"result":"allowed","request_id":"q"}]}`))
+	f.Add([]byte(`{"node":"n1","policy":"p","batch":"n1.b.p.2","t_us":100,"span_us":0,"n":3,"keys":["t=a"],"revisions":[1],` +
+		`"allowed":[3],"allowed_units":[1.5],"denied":[0],"denied_units":[0],"costs":[[0,1.5,0]],"results":["aAa"],` +
+		`"order":[0,0,0],"dt_us":[0,0,0],"origins":["n1.b"],"journal":[0,9,2,1],"request_ids":[[1,"q"]],"reservations":[[0,"r.1"],[1,"r.2"],[2,"r.3"]]}`))
 	f.Add([]byte(`{"node":"n","policy":"","batch":"b","t_us":0,"span_us":0,"n":1,"keys":[""],"revisions":[0],"allowed":[0],"allowed_units":[0],"denied":[1],"denied_units":[0.5],"costs":[0.5],"results":["d"],"descriptors":[[0,{"a":"b"}]],"order":[0],"dt_us":[0]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, err := DecodeBatch(data)

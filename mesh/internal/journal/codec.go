@@ -19,7 +19,11 @@ import (
 // A batch carries the new records of n keys, committed together, each
 // with the usage of the admissions it spends (keyrec.AppendUsage; empty:
 // none); boot names the writer's incarnation (usage ids are per node and
-// boot). The nonce lets the writer recognise its own batch after an
+// boot). A usage block says its own form: form 1 (the only one before
+// reservations) when none of its entries ends a reservation, else form 2,
+// which carries the reservation ids (so a journal of a deployment that
+// uses no reservations is byte for byte what it was); this codec copies
+// blocks as they are and the reader decodes either. The nonce lets the writer recognise its own batch after an
 // unknown outcome. Batches of format 1 ('J' 1 nonce n × (key, value))
 // decode with no boot and no usage. A fence says that node claimed
 // partition in epoch: the journal's owner must not write that partition's

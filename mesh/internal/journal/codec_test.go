@@ -1,7 +1,9 @@
 package journal
 
 import (
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
+	"github.com/limitmesh/limitmesh/policies"
 
 	"bytes"
 	"encoding/binary"
@@ -344,6 +346,12 @@ func FuzzDecodeJournal(f *testing.F) {
 	f.Add(goldenBatch1)
 	f.Add(appendBatch(nil, 0, "", nil))
 	f.Add(appendBatch(nil, math.MaxUint64, "boot", []item{{key: strings.Repeat("k", 256), val: nil}, {key: "a", val: []byte("b"), usageB: []byte{0}}}))
+	// Usage blocks of form 1 and of form 2 (a reservation's end, cost 0).
+	fuzzDesc := policies.Descriptor{{Name: "t", Value: "a"}}
+	f.Add(appendBatch(nil, 3, "b", []item{
+		{key: "p.p.t=a", val: []byte{1}, usage: []keyrec.Usage{{At: 5, Revision: 3, Cost: 2, Desc: fuzzDesc, RequestID: "q"}}},
+		{key: "p.p.t=b", val: []byte{2}, usage: []keyrec.Usage{{At: 6, Revision: 3, Desc: fuzzDesc, Reservation: "r1.00000000002a.p.p.t=b"}, {At: 7, Revision: 3, Cost: 1, Desc: fuzzDesc}}},
+	}))
 	f.Add(appendFence(nil, fence{part: ownership.MaxPartitions - 1, epoch: math.MaxUint64, node: "n"}))
 	f.Add([]byte{'J', 1, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f})
 	f.Add([]byte{'F', 1, 0x80, 0x20, 1, 0})

@@ -83,7 +83,7 @@ func (u *simUsage) Add(node, boot string, seq uint64, idx uint32, key string, re
 	u.m.stream = append(u.m.stream, usageRec{origin: origin, pos: pos, call: call,
 		pub: u.n.id + ".b" + strconv.Itoa(u.n.life), policy: policy,
 		rec: usage.Record{ID: usage.JournalID(node, boot, seq, idx), TimeUs: us.At / 1000, Revision: us.Revision,
-			Key: key, Descriptor: us.Desc, Cost: us.Cost, Allowed: true, RequestID: us.RequestID}})
+			Key: key, Descriptor: us.Desc, Cost: us.Cost, Allowed: true, RequestID: us.RequestID, Reservation: us.Reservation}})
 	if u.n.sim.cfg.Debug {
 		u.n.sim.logf("%s publishes %s.j%d.%d (call %s)", u.n.id, origin, seq, idx, call)
 	}

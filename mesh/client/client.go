@@ -115,6 +115,9 @@ type Client struct {
 	hints   *hintCache // nil with PartitionHints(0)
 	bufs    sync.Pool  // *[]byte request buffers
 
+	// The reservation endpoints (reserve.go): "<prefix>.v1.reserve" etc.
+	reserveSubject, settleSubject, releaseSubject, renewSubject string
+
 	// Leasing (lease.go).
 	base        time.Time // origin of the client's clock
 	lmu         sync.RWMutex
@@ -142,7 +145,9 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 		}
 	}
 	c := &Client{nc: nc, subject: o.prefix + ".v1.decide", opts: o, base: o.now(),
-		leases: make(map[string]*Lease), kicks: make(chan *Lease, 1024), coarseOn: !o.customClock}
+		leases: make(map[string]*Lease), kicks: make(chan *Lease, 1024), coarseOn: !o.customClock,
+		reserveSubject: o.prefix + ".v1.reserve", settleSubject: o.prefix + ".v1.settle",
+		releaseSubject: o.prefix + ".v1.release", renewSubject: o.prefix + ".v1.renew"}
 	if o.onUnavailable != nil {
 		c.keys = newKeyCache(o.maxKeys)
 	}
@@ -190,21 +195,9 @@ func (c *Client) decide(ctx context.Context, d map[string]string, cost int64, op
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if len(d) == 0 {
-		return nil, fmt.Errorf("%w: empty descriptor", ErrInvalidRequest)
-	}
-	var micro int64
-	if o.cost != "" {
-		m, err := ParseCost(o.cost)
-		if err != nil {
-			return nil, err
-		}
-		micro = m
-	} else {
-		if cost < 1 || cost > MaxCost {
-			return nil, fmt.Errorf("%w: cost %d not in [1, %d]", ErrInvalidRequest, cost, MaxCost)
-		}
-		micro = cost * 1_000_000
+	micro, err := checkRequest(d, cost, &o)
+	if err != nil {
+		return nil, err
 	}
 
 	bp := c.bufs.Get().(*[]byte)
@@ -258,6 +251,22 @@ func (c *Client) decide(ctx context.Context, d map[string]string, cost int64, op
 		c.keys.remember(descriptorKey(d), r.Policy)
 	}
 	return r, nil
+}
+
+// checkRequest checks a decide or reserve request before it is sent and
+// returns its cost in micro-units: the decimal of the Cost option, else
+// cost whole units. Errors wrap ErrInvalidRequest.
+func checkRequest(d map[string]string, cost int64, o *decideOptions) (int64, error) {
+	if len(d) == 0 {
+		return 0, fmt.Errorf("%w: empty descriptor", ErrInvalidRequest)
+	}
+	if o.cost != "" {
+		return ParseCost(o.cost)
+	}
+	if cost < 1 || cost > MaxCost {
+		return 0, fmt.Errorf("%w: cost %d not in [1, %d]", ErrInvalidRequest, cost, MaxCost)
+	}
+	return cost * 1_000_000, nil
 }
 
 // mapError maps a request error of nats.go to the client's errors. ctx is

@@ -5,7 +5,8 @@ import (
 	"strconv"
 )
 
-// Sentinel errors returned (wrapped) by [Client.Decide]. Test them with
+// Sentinel errors returned (wrapped) by [Client.Decide] and the reservation
+// calls ([Client.Reserve], [Client.Settle], [Client.Acquire], [Meter]...). Test them with
 // errors.Is; a service answer with an error code is also a *[ServiceError]
 // (errors.As) that carries the code, the symbol and the service's message.
 var (
@@ -37,6 +38,21 @@ var (
 	// ErrBadReply: the reply could not be decoded (not the contract's JSON).
 	// Not masked by the failure behaviour.
 	ErrBadReply = errors.New("limitmesh: malformed reply")
+
+	// ErrNotFound: the service answered 404 (not_found) to a settle,
+	// release or renew: the reservation is unknown or already expired
+	// (CONTRACT.md §10). An expired reservation was counted as spent at its
+	// reserved cost in rate, window and quota limits and gave its units back
+	// in concurrency limits.
+	ErrNotFound = errors.New("limitmesh: reservation not found")
+
+	// ErrChunkDenied: a [Meter] could not reserve its next chunk (the
+	// service denied it); the error is a *[ChunkDeniedError] carrying the
+	// decision. The meter has stopped.
+	ErrChunkDenied = errors.New("limitmesh: meter chunk denied")
+
+	// ErrMeterClosed: [Meter.Add] after [Meter.Close].
+	ErrMeterClosed = errors.New("limitmesh: meter closed")
 )
 
 // IsUnavailable reports whether err means that no decision could be obtained
@@ -51,10 +67,11 @@ func IsUnavailable(err error) bool {
 // and a body {"error": symbol, "message": text}.
 //
 // It unwraps to the sentinel of its code: 400 and 413 to [ErrInvalidRequest],
-// 503 to [ErrUnavailable], anything else to [ErrInternal].
+// 404 to [ErrNotFound], 503 to [ErrUnavailable], anything else to
+// [ErrInternal].
 type ServiceError struct {
 	Code    int    // the Nats-Service-Error-Code header, e.g. 400
-	Symbol  string // bad_request, too_large, unavailable or internal ("" if the body had none)
+	Symbol  string // bad_request, too_large, forbidden, not_found, unavailable or internal ("" if the body had none)
 	Message string // human text: the body's message, else the Nats-Service-Error header
 }
 
@@ -75,6 +92,8 @@ func (e *ServiceError) Unwrap() error {
 	switch e.Code {
 	case 400, 413:
 		return ErrInvalidRequest
+	case 404:
+		return ErrNotFound
 	case 503:
 		return ErrUnavailable
 	default:

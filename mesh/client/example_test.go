@@ -74,3 +74,85 @@ func ExampleMiddleware() {
 	}))
 	log.Fatal(http.ListenAndServe("127.0.0.1:8080", limited))
 }
+
+func ExampleClient_Reserve() {
+	nc, err := nats.Connect(nats.DefaultURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+	c, err := client.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	// Reserve the most an export may cost, run it, then settle what it cost.
+	r, err := c.Reserve(ctx, map[string]string{"tenant": "acme", "operation": "export"}, 100, time.Minute,
+		client.RequestID("export-7f1c2e"))
+	switch {
+	case err != nil:
+		log.Printf("no answer: %v", err)
+	case !r.Allowed:
+		fmt.Printf("denied by %s, retry after %v\n", r.Policy, r.RetryAfter)
+	default:
+		rows := int64(37) // the export's true cost
+		st, err := c.Settle(ctx, r.ID, rows)
+		if errors.Is(err, client.ErrNotFound) {
+			log.Print("the reservation expired: it counted at its reserved cost")
+		} else if err == nil {
+			fmt.Printf("settled %s, %s given back\n", st.Settled, st.Returned)
+		}
+	}
+}
+
+func ExampleConcurrencyMiddleware() {
+	nc, err := nats.Connect(nats.DefaultURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := client.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	report := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "a slow report")
+	})
+	// At most the policy's concurrency limit of reports in flight per
+	// tenant; a request beyond it gets 429.
+	limited := client.ConcurrencyMiddleware(c, func(r *http.Request) (client.Request, bool) {
+		return client.Request{Descriptor: map[string]string{"tenant": r.Header.Get("X-Tenant"), "operation": "report"}}, true
+	}, report, client.SlotTTL(30*time.Second))
+	log.Fatal(http.ListenAndServe("127.0.0.1:8080", limited))
+}
+
+func ExampleMeter() {
+	nc, err := nats.Connect(nats.DefaultURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+	c, err := client.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	m, err := client.NewMeter(c, map[string]string{"tenant": "acme", "operation": "completion"}, 500, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() {
+		if err := m.Close(ctx); err != nil {
+			log.Printf("settling: %v", err)
+		}
+	}()
+	for _, token := range []string{"Rate", " limits", " protect", " everyone"} {
+		if err := m.Add(ctx, 1); err != nil {
+			var denied *client.ChunkDeniedError
+			if errors.As(err, &denied) {
+				fmt.Printf("budget exhausted (policy %s): stream stopped\n", denied.Result.Policy)
+			}
+			return
+		}
+		fmt.Print(token)
+	}
+}

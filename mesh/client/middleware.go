@@ -1,14 +1,16 @@
 package client
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 	"time"
 )
 
-// Request is what a [Middleware] mapping function extracts from an HTTP
-// request: the descriptor, the cost in whole units (0 means 1) and any
-// further DecideOptions (e.g. Cost("2.5") or RequestID).
+// Request is what the mapping function of a [Middleware] or
+// [ConcurrencyMiddleware] extracts from an HTTP request: the descriptor,
+// the cost in whole units (0 means 1) and any further DecideOptions (e.g.
+// Cost("2.5") or RequestID).
 type Request struct {
 	Descriptor map[string]string
 	Cost       int64
@@ -25,9 +27,10 @@ type Quota struct {
 type middlewareOptions struct {
 	quota   func(policy string) (Quota, bool)
 	onError func(r *http.Request, err error)
+	ttl     time.Duration // ConcurrencyMiddleware's slots
 }
 
-// A MiddlewareOption configures [Middleware].
+// A MiddlewareOption configures [Middleware] and [ConcurrencyMiddleware].
 type MiddlewareOption func(*middlewareOptions)
 
 // PolicyQuotas gives the quota of a policy for the RateLimit-Policy header
@@ -93,45 +96,117 @@ func Middleware(c *Client, fn func(*http.Request) (Request, bool), next http.Han
 		}
 		res, err := c.Decide(r.Context(), req.Descriptor, cost, req.Options...)
 		if err != nil {
-			if r.Context().Err() != nil {
-				return
-			}
-			if o.onError != nil {
-				o.onError(r, err)
-			}
-			h := w.Header()
-			h.Set("Cache-Control", "no-store, private")
-			h.Set("Content-Type", "application/json")
-			if IsUnavailable(err) {
-				h.Set("Retry-After", "1")
-				w.WriteHeader(http.StatusServiceUnavailable)
-				_, _ = w.Write([]byte(`{"error":"rate_limiter_unavailable"}`))
-				return
-			}
-			w.WriteHeader(http.StatusInternalServerError)
-			_, _ = w.Write([]byte(`{"error":"internal_error"}`))
+			writeUndecided(w, r, err, &o)
 			return
 		}
-		h := w.Header()
 		if res.Source == SourceService && res.Policy != "" {
-			setRateLimitHeaders(h, res, o.quota)
+			setRateLimitHeaders(w.Header(), res, o.quota)
 		}
 		if res.Allowed {
 			next.ServeHTTP(w, r)
 			return
 		}
-		h.Set("Cache-Control", "no-store, private")
-		h.Set("Content-Type", "application/json")
-		if !res.Never {
-			h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(res.RetryAfter), 10))
-		}
-		w.WriteHeader(http.StatusTooManyRequests)
-		body := make([]byte, 0, 64+len(res.Policy))
-		body = append(body, `{"error":"rate_limit_exceeded","policy":`...)
-		body = appendJSONString(body, res.Policy)
-		body = append(body, '}')
-		_, _ = w.Write(body)
+		writeDenied(w, res)
 	})
+}
+
+// SlotTTL sets the ttl of the slots [ConcurrencyMiddleware] holds (default
+// 0: the service's, [DefaultTTL]); a slot is renewed every third of it
+// while its handler runs. It must be between 0 and [MaxTTL]; a ttl outside
+// makes every acquisition an invalid request (500).
+func SlotTTL(d time.Duration) MiddlewareOption {
+	return func(o *middlewareOptions) { o.ttl = d }
+}
+
+// ConcurrencyMiddleware limits the requests in flight in next with c: for
+// each request fn returns the Request to acquire a slot for (its cost in
+// units of a concurrency limit, CONTRACT.md §10), or false to pass it
+// through. The handler runs while the request holds a slot ([Client.Acquire],
+// renewed in the background); the slot is released when the handler
+// returns or panics (the panic then goes on, after the release).
+//
+// The responses when no handler runs are [Middleware]'s: 429 with
+// Retry-After and the RateLimit headers when no slot is free, 503 when the
+// service is unavailable (reservations have no failure behaviour), 500 for
+// an invalid request, internal error or malformed reply. [OnError] also
+// receives the errors of releasing a slot (the slot then ends at its
+// expiry).
+func ConcurrencyMiddleware(c *Client, fn func(*http.Request) (Request, bool), next http.Handler, opts ...MiddlewareOption) http.Handler {
+	var o middlewareOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, limited := fn(r)
+		if !limited {
+			next.ServeHTTP(w, r)
+			return
+		}
+		cost := req.Cost
+		if cost == 0 {
+			cost = 1
+		}
+		slot, res, err := c.Acquire(r.Context(), req.Descriptor, cost, o.ttl, req.Options...)
+		if err != nil {
+			writeUndecided(w, r, err, &o)
+			return
+		}
+		if res.Policy != "" {
+			setRateLimitHeaders(w.Header(), res, o.quota)
+		}
+		if slot == nil {
+			writeDenied(w, res)
+			return
+		}
+		// A deferred release runs also while a panic unwinds, which then
+		// continues. The release outlives the request's cancellation (a
+		// client gone away still frees its slot) under the client's timeout.
+		defer func() {
+			if err := slot.Release(context.WithoutCancel(r.Context())); err != nil && o.onError != nil {
+				o.onError(r, err)
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// writeUndecided answers a request that got no decision (err): 503 when
+// the service was unavailable, else 500; nothing when the request's
+// context was cancelled.
+func writeUndecided(w http.ResponseWriter, r *http.Request, err error, o *middlewareOptions) {
+	if r.Context().Err() != nil {
+		return
+	}
+	if o.onError != nil {
+		o.onError(r, err)
+	}
+	h := w.Header()
+	h.Set("Cache-Control", "no-store, private")
+	h.Set("Content-Type", "application/json")
+	if IsUnavailable(err) {
+		h.Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":"rate_limiter_unavailable"}`))
+		return
+	}
+	w.WriteHeader(http.StatusInternalServerError)
+	_, _ = w.Write([]byte(`{"error":"internal_error"}`))
+}
+
+// writeDenied answers a denied request: 429 (see [Middleware]).
+func writeDenied(w http.ResponseWriter, res *Result) {
+	h := w.Header()
+	h.Set("Cache-Control", "no-store, private")
+	h.Set("Content-Type", "application/json")
+	if !res.Never {
+		h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(res.RetryAfter), 10))
+	}
+	w.WriteHeader(http.StatusTooManyRequests)
+	body := make([]byte, 0, 64+len(res.Policy))
+	body = append(body, `{"error":"rate_limit_exceeded","policy":`...)
+	body = appendJSONString(body, res.Policy)
+	body = append(body, '}')
+	_, _ = w.Write(body)
 }
 
 // retryAfterSeconds is the Retry-After value for a wait d: whole seconds

@@ -42,6 +42,12 @@ func DryRun() DecideOption { return setDryRun }
 // ParseCost parses a decimal cost as [Cost] accepts it and returns it in
 // micro-units (1e-6 of a unit). Errors wrap [ErrInvalidRequest].
 func ParseCost(s string) (int64, error) {
+	return parseCost(s, false)
+}
+
+// parseCost is ParseCost that also accepts zero when zero is true (the
+// cost of a settle, CONTRACT.md §10).
+func parseCost(s string, zero bool) (int64, error) {
 	if s == "" {
 		return 0, fmt.Errorf("%w: empty cost", ErrInvalidRequest)
 	}
@@ -79,6 +85,9 @@ func ParseCost(s string) (int64, error) {
 		return 0, fmt.Errorf("%w: cost %q above %d", ErrInvalidRequest, s, MaxCost)
 	}
 	micro := whole*1_000_000 + frac
+	if zero && micro == 0 {
+		return 0, nil
+	}
 	if micro <= 0 || micro > MaxCost*1_000_000 {
 		return 0, fmt.Errorf("%w: cost %q not in (0, %d]", ErrInvalidRequest, s, MaxCost)
 	}

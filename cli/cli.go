@@ -1,5 +1,6 @@
-// Package cli implements the limitmesh command: serve, decide, policy, demo
-// and bench. cmd/limitmesh is a thin main around [Main].
+// Package cli implements the limitmesh command: serve, decide, the
+// reservation commands (reserve, settle, release, renew), policy, usage,
+// demo, bench, auth and shadow. cmd/limitmesh is a thin main around [Main].
 //
 // Every flag of every subcommand can also be set with an environment variable
 // LIMITMESH_<FLAG> (upper case, dashes as underscores, e.g. --nats-url is
@@ -51,6 +52,10 @@ func commands() []command {
 	return []command{
 		{"serve", "run a limitmesh node (embedded NATS unless --nats-url)", runServe},
 		{"decide", "ask for one decision and print the reply", runDecide},
+		{"reserve", "reserve units (decide's flags plus --ttl) and print the reply", runReserve},
+		{"settle", "end a reservation keeping --cost units spent, giving the rest back", runSettle},
+		{"release", "end a reservation giving all its units back", runRelease},
+		{"renew", "extend an open reservation: it expires --ttl from now", runRenew},
 		{"policy", "put, get, list, validate, history or roll back policies", runPolicy},
 		{"usage", "print the usage ledger (report) or follow the usage stream (tail)", runUsage},
 		{"demo", "the Acme story: one global limit against six local buckets", runDemo},

@@ -144,13 +144,18 @@ func buildDecideBody(raw string, dims []string, cost, requestID string, dryRun b
 		req.Descriptor[name] = value
 	}
 	if cost != "" {
-		// Numbers go as JSON numbers; anything else as a string, so the node's
-		// validation (not ours) explains what is wrong with it.
-		if plainNumber.MatchString(cost) {
-			req.Cost = json.RawMessage(cost)
-		} else {
-			req.Cost, _ = json.Marshal(cost)
-		}
+		req.Cost = costJSON(cost)
 	}
 	return json.Marshal(req)
+}
+
+// costJSON is a cost flag's value as JSON: numbers go as JSON numbers;
+// anything else as a string, so the node's validation (not ours) explains
+// what is wrong with it.
+func costJSON(cost string) json.RawMessage {
+	if plainNumber.MatchString(cost) {
+		return json.RawMessage(cost)
+	}
+	b, _ := json.Marshal(cost)
+	return b
 }

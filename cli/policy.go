@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh"
 	"github.com/limitmesh/limitmesh/policies"
 )
@@ -429,5 +430,37 @@ func writeExplain(w io.Writer, p *policies.Policy, rev uint64, nodes int, b mesh
 		for _, l := range p.Limits {
 			fmt.Fprintf(w, "   %s: %s)\n", l.Name, mesh.LeaseContract(l.Limit, p.Lease.MaxOutstanding))
 		}
+	}
+	writeReservations(w, p)
+}
+
+// writeReservations prints how p behaves under reservations (CONTRACT §10).
+func writeReservations(w io.Writer, p *policies.Policy) {
+	if p.Mode == policies.ModeLocal {
+		fmt.Fprintln(w, "reservations: none (a local policy is decided by each node alone; rl.v1.reserve refuses it)")
+		return
+	}
+	ttl := p.ReservationTTL(policies.MaxReservationTTL)
+	if p.ReservedOnly() {
+		fmt.Fprintln(w, "reservations: only reserved: a concurrency limit's units are held until settled, released or expired,")
+		fmt.Fprintln(w, "  so rl.v1.decide refuses this policy (400) and callers use rl.v1.reserve")
+	} else {
+		fmt.Fprintln(w, "reservations: rl.v1.reserve holds the cost in every limit until the reservation ends")
+	}
+	fmt.Fprintf(w, "  ttl: %s unless the request names one, at most %s; rl.v1.renew extends it\n", policies.DefaultReservationTTL, ttl)
+	fmt.Fprintln(w, "  written by the key's owner before the reply, whatever the mode: no overshoot from reservations")
+	for _, l := range p.Limits {
+		var how string
+		switch l.Algorithm {
+		case kvstate.Concurrency:
+			how = "held while the reservation is open; settle, release or expiry gives the hold back (never with time)"
+		case kvstate.TokenBucket, kvstate.GCRA:
+			how = "settle keeps the settled units spent and gives the rest back, up to the burst; expiry keeps the whole cost spent"
+		case kvstate.SlidingLog:
+			how = "settle shrinks the reservation's own log entry to the settled units; expiry keeps the whole cost"
+		default:
+			how = "settle gives the unused units back if the reservation was made in the current window (or period); expiry keeps the whole cost"
+		}
+		fmt.Fprintf(w, "  %s: %s\n", l.Name, how)
 	}
 }

@@ -176,3 +176,30 @@ func decideGCRA(l *Limit, s *State, now, cost int64, out *State) Decision {
 	*out = gcraState(l, after, eff)
 	return d
 }
+
+// Headroom returns what a token_bucket or gcra limit l's state s lacks at
+// now to be full, in micro-units rounded down: adding it (or less) to the
+// bucket never passes its burst, fraction included. It is 0 for a full
+// bucket, an unusable limit and every other algorithm. A reservation's
+// owner uses it to give back only the units the bucket would still hold,
+// had they never been taken (keys/reserve.go).
+func Headroom(l Limit, s State, now int64) int64 {
+	if !l.usable() {
+		return 0
+	}
+	var c u128
+	switch l.Algorithm {
+	case TokenBucket:
+		c, _ = tbCredit(&l, &s, now)
+	case GCRA:
+		c, _ = gcraCredit(&l, &s, now)
+	default:
+		return 0
+	}
+	full := bucketFull(&l)
+	if !c.less(full) {
+		return 0
+	}
+	q, _ := divmodPer(full.sub(c), l.per())
+	return q.int64()
+}

@@ -24,8 +24,8 @@ import (
 //     "descriptor" (an object following CONTRACT.md §2), "cost" (a JSON
 //     number > 0 and <= 1e9 with at most 6 fractional digits, no exponent;
 //     0 only in a record with a "reservation"), "result" ("allowed" or
-//     "denied"), optionally "request_id" (at most 128 bytes of printable
-//     UTF-8) and optionally "reservation" (the id of the reservation the
+//     "denied"), optionally "request_id" (at most 128 bytes of UTF-8,
+//     control characters included: decide takes any) and optionally "reservation" (the id of the reservation the
 //     record ends, CONTRACT.md §10: 1..128 bytes of printable UTF-8);
 //   - unknown fields are skipped (new optional fields are a compatible
 //     extension); a known field given twice, a missing required field,
@@ -316,8 +316,8 @@ func (d *decoder) record(i int) (Record, error) {
 			if r.RequestID, err = d.str(at); err == nil {
 				if len(r.RequestID) > MaxRequestIDLen {
 					err = fail(at, "is "+strconv.Itoa(len(r.RequestID))+" bytes (at most 128)")
-				} else if reason := printable(r.RequestID); reason != "" {
-					err = fail(at, reason)
+				} else if !utf8.ValidString(r.RequestID) {
+					err = fail(at, "is not valid UTF-8")
 				}
 			}
 		case fReservation:

@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/limitmesh/limitmesh/policies"
 )
@@ -673,8 +674,11 @@ func (d *decoder) assemble(b *Batch, g *groupedRaw) error {
 				if len(p.v) > MaxRequestIDLen {
 					return fail(at, "has one of "+strconv.Itoa(len(p.v))+" bytes (at most 128)")
 				}
-				if reason := printable(p.v); reason != "" || p.v == "" {
-					return fail(at, "has one that "+reason)
+				if p.v == "" {
+					return fail(at, "has one that is empty")
+				}
+				if !utf8.ValidString(p.v) {
+					return fail(at, "has one that is not valid UTF-8")
 				}
 				continue
 			case "reservations":

@@ -311,3 +311,21 @@ func BenchmarkDecodeBatch(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*1000)/b.Elapsed().Seconds(), "records/s")
 }
+
+// TestRequestIDControlCharacters: decide takes a request_id with control
+// characters (any valid UTF-8), so both message forms carry it exactly;
+// a batch holding one is not refused (it would take every decision of
+// the batch out of the ledger).
+func TestRequestIDControlCharacters(t *testing.T) {
+	recs := []Record{{ID: "n.b.0", TimeUs: 1, Revision: 1, Key: "p.p.t=x", Descriptor: desc(t, "t", "x"),
+		Cost: 1_000_000, Allowed: true, RequestID: "r\n\t\x01\u00e9"}}
+	for name, msg := range map[string][]byte{
+		"records": AppendBatch(nil, &Batch{Node: "n", Policy: "p", Records: recs}),
+		"grouped": EncodeGrouped("n", "p", "n.b", recs),
+	} {
+		b, err := DecodeBatch(msg)
+		if err != nil || len(b.Records) != 1 || b.Records[0].RequestID != recs[0].RequestID {
+			t.Fatalf("%s: %v %+v", name, err, b.Records)
+		}
+	}
+}

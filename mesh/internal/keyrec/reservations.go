@@ -66,6 +66,12 @@ type Reservation struct {
 	RequestID string
 	// Desc is the reserve's descriptor, for its usage record.
 	Desc policies.Descriptor
+	// Room, per limit of the key's policy (bucket limits only; others
+	// hold 0): the least headroom (kvstate.Headroom) the bucket had at
+	// any instant since the reservation was made, which bounds what a
+	// settle may give back: the bucket then holds no more than it would,
+	// had the units given back never been taken.
+	Room []int64
 
 	// Ending, once Outcome is not Open: the units that stayed spent and
 	// the units given back (Settled + Returned == Units), and when.
@@ -128,6 +134,10 @@ func appendReservations(dst []byte, r *Record) []byte {
 			body = binary.AppendUvarint(body, uint64(len(v.RequestID)))
 			body = append(body, v.RequestID...)
 		}
+		body = binary.AppendUvarint(body, uint64(len(v.Room)))
+		for _, r := range v.Room {
+			body = binary.AppendVarint(body, r)
+		}
 		body = binary.AppendUvarint(body, uint64(len(v.Desc)))
 		for _, d := range v.Desc {
 			body = binary.AppendUvarint(body, uint64(len(d.Name)))
@@ -186,6 +196,13 @@ func decodeReservations(r *reader, rec *Record) {
 				return
 			}
 			v.RequestID = string(r.bytes(l, "request_id"))
+		}
+		nr := r.uvarint("rooms")
+		if r.err == nil && nr > 64 {
+			r.fail("reservation rooms")
+		}
+		for j := uint64(0); j < nr && r.err == nil; j++ {
+			v.Room = append(v.Room, r.varint("room"))
 		}
 		nd := r.uvarint("dimensions")
 		if r.err == nil && nd > policies.MaxDims {

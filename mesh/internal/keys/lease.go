@@ -55,6 +55,7 @@ func (o *owner) decideLease(rec *keyrec.Record, c *Call, p *policies.Policy, lim
 			op.Refused = ErrNotLeased
 			return lease.Prune(rec, now, lease.Margin(params.TTL))
 		}
+		o.noteDebit(rec, limits, now) // a grant debits the buckets
 		res, changed := lease.Acquire(params, limits, rec, now, op.Epoch, *op.Acquire)
 		op.Acquired = res
 		c.Out.Remaining = res.Remaining

@@ -47,6 +47,7 @@ func (o *owner) decideWith(rec *keyrec.Record, c *Call, p *policies.Policy, now 
 	}
 	changed := false
 	if kd.Allowed {
+		o.noteDebit(rec, o.limits, now)
 		rec.States, o.spare = states, rec.States
 		changed = true
 		if c.Desc != nil && p.Mode != policies.ModeLocal {

@@ -2,6 +2,7 @@ package keys
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
@@ -174,9 +175,13 @@ func (o *owner) reserve(rec *keyrec.Record, c *Call, p *policies.Policy, limits 
 		return false
 	}
 	ttl := int64(p.ReservationTTL(time.Duration(op.TTL)))
+	room := make([]int64, len(limits))
+	for i := range room {
+		room[i] = math.MaxInt64
+	}
 	seq := max(rec.ResSeq+1, uint64(max(now, 0))/uint64(time.Millisecond))
 	v := keyrec.Reservation{Seq: seq, Nonce: op.Nonce, Units: c.Cost, Revision: p.Revision, At: now,
-		Expires: now + ttl, HasReqID: c.HasID, ReqID: c.ID, RequestID: c.RequestID, Desc: c.Desc}
+		Expires: now + ttl, HasReqID: c.HasID, ReqID: c.ID, RequestID: c.RequestID, Desc: c.Desc, Room: room}
 	kd, states := kvstate.DecideAllHold(limits, rec.States, now, c.Cost,
 		kvstate.HoldSpec{ID: v.HoldID(), Expires: v.Expires}, o.spare)
 	o.denying = !kd.Allowed
@@ -193,6 +198,7 @@ func (o *owner) reserve(rec *keyrec.Record, c *Call, p *policies.Policy, limits 
 		}
 		return false
 	}
+	o.noteDebit(rec, limits, now)
 	rec.States, o.spare = states, rec.States
 	rec.ResSeq = seq
 	// Copy on write: a record shared with a pending write stays intact.
@@ -248,10 +254,20 @@ func (o *owner) endOrRenew(rec *keyrec.Record, c *Call, p *policies.Policy, limi
 		if i >= len(states) {
 			break
 		}
+		give := back
+		if l.Algorithm.Bucket() {
+			// A bucket gets back what it would still hold, had the
+			// units never been taken: no more than its least headroom
+			// since the reservation (noteDebit), nor than now.
+			give = min(give, kvstate.Headroom(l, states[i], now))
+			if i < len(v.Room) {
+				give = min(give, v.Room[i])
+			}
+		}
 		if l.Algorithm == kvstate.Concurrency {
 			states[i] = kvstate.Release(states[i], now, hold)
-		} else if back > 0 {
-			states[i], _ = lease.Refund(l, states[i], now, back, v.At)
+		} else if give > 0 {
+			states[i], _ = lease.Refund(l, states[i], now, give, v.At)
 		}
 	}
 	rec.States = states
@@ -263,6 +279,41 @@ func (o *owner) endOrRenew(rec *keyrec.Record, c *Call, p *policies.Policy, limi
 	op.Res = *v
 	c.Out = o.probe(rec, p, limits, now)
 	return true
+}
+
+// noteDebit is told, before an admission debits rec's states at now,
+// that the key's buckets are at their fullest since the last debit: each
+// open reservation's Room keeps the least headroom its buckets had since
+// it was made (a bucket's tokens only rise between debits, so its least
+// headroom over any span is at a debit or at the span's end).
+func (o *owner) noteDebit(rec *keyrec.Record, limits []kvstate.Limit, now int64) {
+	if len(rec.Reservations) == 0 {
+		return
+	}
+	copied := false
+	for i, l := range limits {
+		if !l.Algorithm.Bucket() || i >= len(rec.States) {
+			continue
+		}
+		h := kvstate.Headroom(l, rec.States[i], now)
+		for j := range rec.Reservations {
+			v := &rec.Reservations[j]
+			if v.Outcome != keyrec.Open || i >= len(v.Room) || v.Room[i] <= h {
+				continue
+			}
+			if !copied {
+				// Copy on write: a record shared with a pending write
+				// stays intact.
+				rec.Reservations = append([]keyrec.Reservation(nil), rec.Reservations...)
+				for k := range rec.Reservations {
+					rec.Reservations[k].Room = append([]int64(nil), rec.Reservations[k].Room...)
+				}
+				copied = true
+				v = &rec.Reservations[j]
+			}
+			v.Room[i] = h
+		}
+	}
 }
 
 // micro formats micro-units as a decimal for messages.

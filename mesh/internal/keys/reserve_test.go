@@ -292,7 +292,7 @@ func TestReservationProperty(t *testing.T) {
 		var all []*res
 		nonce := uint64(0)
 		for step := 0; step < 100; step++ {
-			switch rapid.IntRange(0, 5).Draw(rt, "op") {
+			switch rapid.IntRange(0, 6).Draw(rt, "op") {
 			case 0, 1:
 				nonce++
 				cost := rapid.Int64Range(1, 8*unit).Draw(rt, "cost")
@@ -305,7 +305,8 @@ func TestReservationProperty(t *testing.T) {
 				if len(all) == 0 {
 					continue
 				}
-				r := all[rapid.IntRange(0, len(all)-1).Draw(rt, "which")]
+				// Mostly the latest reservations, which are likelier open.
+				r := all[max(len(all)-1-rapid.IntRange(0, 3).Draw(rt, "back"), rapid.IntRange(0, len(all)-1).Draw(rt, "which")*rapid.IntRange(0, 1).Draw(rt, "old"))]
 				kind := []ResKind{ResSettle, ResRelease, ResRenew}[rapid.IntRange(0, 2).Draw(rt, "kind")]
 				units := rapid.Int64Range(-1, r.units).Draw(rt, "units")
 				op := &ResOp{Kind: kind, Key: "p.q", Seq: r.seq, Nonce: r.nonce, Units: units, TTL: sec}
@@ -341,7 +342,19 @@ func TestReservationProperty(t *testing.T) {
 			case 4:
 				ro.do(resCall(p, 0, now+sec, &ResOp{Kind: ResSweep, Key: "p.q"}), now)
 			case 5:
-				now += rapid.Int64Range(1, 2000).Draw(rt, "ms") * (sec / 1000)
+				// Small steps, or long enough to fill the bucket again.
+				now += rapid.SampledFrom([]int64{1, 250, 2000, 15_000}).Draw(rt, "ms") * (sec / 1000)
+			case 6:
+				// A plain admission (a decide) between reservations: the
+				// policy has a concurrency limit, so decide it as a
+				// reservation settled at once, in full.
+				nonce++
+				cost := rapid.Int64Range(1, 8*unit).Draw(rt, "cost")
+				op := &ResOp{Kind: ResReserve, Key: "p.q", TTL: sec, Nonce: nonce}
+				if c := ro.do(resCall(p, cost, now+sec, op), now); c.Out.Allowed {
+					ro.do(resCall(p, 0, now+sec, &ResOp{Kind: ResSettle, Key: "p.q", Seq: op.Res.Seq, Nonce: nonce, Units: -1}), now)
+					all = append(all, &res{seq: op.Res.Seq, nonce: nonce, at: now, units: cost, spent: cost, expires: op.Res.Expires, ended: true})
+				}
 			}
 			rec := ro.o.rec
 			if len(rec.States) > 0 {
@@ -384,4 +397,37 @@ func TestReservationProperty(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestSettleGivesBackNoMoreThanNeverTaken: a reservation made on a full
+// bucket that refills meanwhile, then drained by other admissions, gets
+// back on release only what the bucket would hold had it never been made
+// (its least headroom since: 0 here), not up to the burst: otherwise the
+// key admits more than burst + rate × span.
+func TestSettleGivesBackNoMoreThanNeverTaken(t *testing.T) {
+	p := tbPolicy(t, "p", 1, "2/s", 20, "")
+	ro := newResOwner(t, p)
+	now := int64(1000 * sec)
+	a := &ResOp{Kind: ResReserve, Key: "p.p", TTL: 60 * sec, Nonce: 1}
+	ro.do(resCall(p, 8*unit, now+sec, a), now) // 12 left
+	now += 15 * sec                            // full again: 20
+	for range 2 {
+		if c := ro.do(newCall(p, 8, now+sec), now); !c.Out.Allowed {
+			t.Fatal("decide on a full bucket denied")
+		}
+	} // 4 left
+	rel := &ResOp{Kind: ResRelease, Key: "p.p", Seq: a.Res.Seq, Nonce: 1}
+	c := ro.do(resCall(p, 0, now+sec, rel), now)
+	if rel.Res.Outcome != keyrec.Released || rel.Res.Returned != 8*unit || c.Out.Remaining != 4*unit {
+		t.Fatalf("release: %+v, remaining %d; want 4 left: the bucket was full since, nothing comes back", rel.Res, c.Out.Remaining)
+	}
+	// Made on a bucket that stayed below full, the whole is given back.
+	b := &ResOp{Kind: ResReserve, Key: "p.p", TTL: 60 * sec, Nonce: 2}
+	ro.do(resCall(p, 4*unit, now+sec, b), now) // 0 left
+	now += sec                                 // 2
+	ro.do(newCall(p, 1, now+sec), now)         // 1
+	rel = &ResOp{Kind: ResRelease, Key: "p.p", Seq: b.Res.Seq, Nonce: 2}
+	if c := ro.do(resCall(p, 0, now+sec, rel), now); c.Out.Remaining != 5*unit {
+		t.Fatalf("release gave back %d, want 4 (remaining 5)", c.Out.Remaining-unit)
+	}
 }

@@ -21,15 +21,15 @@ func TestDecodeReserve(t *testing.T) {
 		t.Fatalf("default ttl %d %v", ttl, err)
 	}
 	for body, want := range map[string]string{
-		`{"descriptor":{"tenant":"acme"},"ttl":"2h"}`:                 `ttl: "2h" is above the longest, 1h0m0s`,
-		`{"descriptor":{"tenant":"acme"},"ttl":"0s"}`:                 `ttl: "0s" must be > 0`,
-		`{"descriptor":{"tenant":"acme"},"ttl":30}`:                   `ttl: is a number, not a duration string such as "30s"`,
-		`{"descriptor":{"tenant":"acme"},"ttl":"soon"}`:               `ttl: "soon" is not a Go duration such as "30s"`,
-		`{"descriptor":{"tenant":"acme"},"TTL":"1s"}`:                 `"TTL": field names are case-sensitive (write "ttl")`,
-		`{"descriptor":{"tenant":"acme"},"ttl":"1s","ttl":"2s"}`:      `ttl: duplicate field`,
-		`{"descriptor":{"tenant":"acme"},"\u0074tl":"1s"}`:            `ttl: field name is written with escapes`,
-		`{"ttl":"1s"}`:                                                `descriptor: required`,
-		`{"descriptor":{"tenant":"acme"},"cost":0}`:                   `cost: "0" must be > 0`,
+		`{"descriptor":{"tenant":"acme"},"ttl":"2h"}`:            `ttl: "2h" is above the longest, 1h0m0s`,
+		`{"descriptor":{"tenant":"acme"},"ttl":"0s"}`:            `ttl: "0s" must be > 0`,
+		`{"descriptor":{"tenant":"acme"},"ttl":30}`:              `ttl: is a number, not a duration string such as "30s"`,
+		`{"descriptor":{"tenant":"acme"},"ttl":"soon"}`:          `ttl: "soon" is not a Go duration such as "30s"`,
+		`{"descriptor":{"tenant":"acme"},"TTL":"1s"}`:            `"TTL": field names are case-sensitive (write "ttl")`,
+		`{"descriptor":{"tenant":"acme"},"ttl":"1s","ttl":"2s"}`: `ttl: duplicate field`,
+		`{"descriptor":{"tenant":"acme"},"\u0074tl":"1s"}`:       `ttl: field name is written with escapes`,
+		`{"ttl":"1s"}`: `descriptor: required`,
+		`{"descriptor":{"tenant":"acme"},"cost":0}`:                                          `cost: "0" must be > 0`,
 		`{"descriptor":{"tenant":"acme"},"ttl":"1s"}` + strings.Repeat(" ", MaxRequestBytes): `body is`,
 	} {
 		_, _, err := decodeReserve([]byte(body))

@@ -50,7 +50,11 @@ func decodeRequest(b []byte) (request, error) {
 // the same request for every input this one accepts
 // (FuzzDecodeRequestDifferential) and the error messages for the rest.
 // All strings of the result share one allocation (a copy of b).
-func decodeRequestFast(b []byte) (request, bool) {
+func decodeRequestFast(b []byte) (request, bool) { return decodeFast(b, nil) }
+
+// decodeFast is decodeRequestFast; with ttl not nil it also takes a
+// "ttl" string (a reserve body), stored in *ttl ("" when absent).
+func decodeFast(b []byte, ttl *string) (request, bool) {
 	var r request
 	d := fastDecoder{s: string(b)}
 	if !d.byte('{') {
@@ -60,6 +64,7 @@ func decodeRequestFast(b []byte) (request, bool) {
 		dims                                [policies.MaxDims]policies.Dim
 		ndims                               int
 		seenDesc, seenCost, seenID, seenDry bool
+		seenTTL                             bool
 	)
 	r.cost = kvstate.Unit
 	if d.peek() == '}' {
@@ -145,6 +150,16 @@ func decodeRequestFast(b []byte) (request, bool) {
 				return r, false
 			}
 			r.id = s
+		case fieldTTL:
+			if ttl == nil || seenTTL {
+				return r, false
+			}
+			seenTTL = true
+			v, ok := d.str()
+			if !ok {
+				return r, false
+			}
+			*ttl = v
 		case "dry_run":
 			if seenDry {
 				return r, false

@@ -35,6 +35,23 @@ func decodeReserve(b []byte) (request, int64, error) {
 	if len(b) > MaxRequestBytes {
 		return request{}, 0, fmt.Errorf("%w: body is %d bytes, at most %d", fail.ErrTooLarge, len(b), MaxRequestBytes)
 	}
+	// The common shape without building a tree (request.go); anything
+	// else, every invalid body included, takes the strict path below.
+	var text string
+	if r, ok := decodeFast(b, &text); ok {
+		if text == "" {
+			return r, int64(policies.DefaultReservationTTL), nil
+		}
+		if ttl, err := decodeTTL(jsonValue{kind: jsonString, str: text}); err == nil {
+			return r, ttl, nil
+		}
+	}
+	return decodeReserveStrict(b)
+}
+
+// decodeReserveStrict is decodeReserve without the fast path: the
+// definition of which reserve bodies are accepted.
+func decodeReserveStrict(b []byte) (request, int64, error) {
 	root, err := parseBody(b)
 	if err != nil {
 		return request{}, 0, err

@@ -102,7 +102,17 @@ func FuzzDecodeReservation(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if req, ttl, err := decodeReserve(b); err == nil {
+		req, ttl, err := decodeReserve(b)
+		if len(b) <= MaxRequestBytes {
+			sreq, sttl, serr := decodeReserveStrict(b)
+			switch {
+			case (err == nil) != (serr == nil), err != nil && err.Error() != serr.Error():
+				t.Fatalf("%q: decodeReserve %v, strict %v", b, err, serr)
+			case err == nil && (!sameRequest(req, sreq) || ttl != sttl):
+				t.Fatalf("%q: decodeReserve %s %d, strict %s %d", b, showRequest(req), ttl, showRequest(sreq), sttl)
+			}
+		}
+		if err == nil {
 			if ttl <= 0 || ttl > int64(policies.MaxReservationTTL) || req.cost <= 0 || len(req.desc) == 0 {
 				t.Fatalf("%q: accepted %+v ttl %d", b, req, ttl)
 			}

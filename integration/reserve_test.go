@@ -1,13 +1,18 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/limitmesh/limitmesh/mesh"
+	"github.com/limitmesh/limitmesh/mesh/client"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 )
@@ -223,5 +228,117 @@ func TestReservationsOwnerKilled(t *testing.T) {
 			}
 		}
 		return true
+	})
+}
+
+// TestReservationsSDK: the Go SDK against a real node: Reserve and
+// Settle, a concurrency slot held by Acquire and by the HTTP middleware
+// (429 while both slots are taken, the slot back when the handler
+// returns), and a Meter whose stream is stopped by a denied chunk, with
+// exactly the units it used settled in the ledger.
+func TestReservationsSDK(t *testing.T) {
+	e := server(t, t.TempDir())
+	tn := startNode(t, e, mesh.NodeConfig{UsageInterval: 50 * time.Millisecond, LeaseTime: ownershipLease})
+	rev := putPolicy(t, tn.nc, "rl_policies", "tokens",
+		`{"match":{"tenant":"*","op":"chat"},"key":["tenant"],"limits":[{"algorithm":"token_bucket","rate":"1/h","burst":1000}]}`)
+	crev := putPolicy(t, tn.nc, "rl_policies", "slots",
+		`{"match":{"tenant":"*","op":"render"},"key":["tenant"],"limits":[{"algorithm":"concurrency","limit":2}]}`)
+	chat := map[string]string{"tenant": "acme", "op": "chat"}
+	render := map[string]string{"tenant": "acme", "op": "render"}
+	waitRevision(t, tn.nc, chat, rev)
+	waitApplied(t, "slots", crev, tn)
+	c, err := client.New(connect(t, e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	r, err := c.Reserve(ctx, chat, 100, time.Minute)
+	if err != nil || !r.Allowed || r.ID == "" {
+		t.Fatalf("Reserve: %+v, %v", r, err)
+	}
+	st, err := c.Settle(ctx, r.ID, 37)
+	if err != nil || st.Outcome != client.OutcomeSettled || st.Settled != "37" || st.Returned != "63" {
+		t.Fatalf("Settle: %+v, %v", st, err)
+	}
+	if _, err := c.Release(ctx, "r1.000000000000.p.tokens.tenant=acme"); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("Release of an unknown id: %v", err)
+	}
+
+	slot, res, err := c.Acquire(ctx, render, 1, 10*time.Second)
+	if err != nil || slot == nil {
+		t.Fatalf("Acquire: %+v, %v", res, err)
+	}
+	inHandler := make(chan struct{})
+	leave := make(chan struct{})
+	h := client.ConcurrencyMiddleware(c, func(*http.Request) (client.Request, bool) {
+		return client.Request{Descriptor: render, Cost: 1}, true
+	}, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		inHandler <- struct{}{}
+		<-leave
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	first := make(chan int, 1)
+	go func() {
+		resp, err := http.Get(srv.URL)
+		if err != nil {
+			first <- 0
+			return
+		}
+		resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	<-inHandler // two slots held: the Acquire's and the handler's
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a third holder: %d %v", resp.StatusCode, resp.Header)
+	}
+	close(leave)
+	if code := <-first; code != http.StatusOK {
+		t.Fatalf("the handler's request: %d", code)
+	}
+	if err := slot.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both slots back", func() bool {
+		s, _, err := c.Acquire(ctx, render, 2, time.Second)
+		if err != nil || s == nil {
+			return false
+		}
+		return s.Release(ctx) == nil
+	})
+
+	// The meter: chunks of 300 of the 963 units left (1000 less the 37
+	// settled): three chunks, and the fourth is denied at the 901st unit
+	// (63 left): the stream stops with 900 used, all settled.
+	m, err := client.NewMeter(c, chat, 300, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := 0
+	for range 1000 {
+		if err := m.Add(ctx, 1); err != nil {
+			if !errors.Is(err, client.ErrChunkDenied) {
+				t.Fatalf("Add: %v", err)
+			}
+			break
+		}
+		used++
+	}
+	if err := m.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if used != 900 || m.Used() != 900 {
+		t.Fatalf("the meter admitted %d units (Used %d), want 900", used, m.Used())
+	}
+	day := time.Now().UTC().Format("2006-01-02")
+	waitFor(t, "the ledger's chat units", func() bool {
+		tot, ok := ledgerTotals(t, tn.nc, "tokens", day, "p.tokens.tenant=acme")
+		return ok && tot.AllowedUnits.String() == "937"
 	})
 }

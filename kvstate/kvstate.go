@@ -308,12 +308,18 @@ func satAdd(a, b int64) int64 {
 	return math.MinInt64
 }
 
-// AppendUnits appends v micro-units as a decimal number of units (v >=
-// 0): the integer part, then '.' and the fraction without trailing zeros
-// when there is one ("2.5", "3", "0.000001").
+// AppendUnits appends v micro-units as a decimal number of units: the
+// integer part, then '.' and the fraction without trailing zeros when there
+// is one ("2.5", "3", "0.000001", "-1.5"). It is the one formatter of
+// micro-units: replies, summaries, reports and messages use it.
 func AppendUnits(b []byte, v int64) []byte {
-	b = strconv.AppendInt(b, v/Unit, 10)
-	f := v % Unit
+	u := uint64(v)
+	if v < 0 {
+		b = append(b, '-')
+		u = uint64(-(v + 1)) + 1
+	}
+	b = strconv.AppendUint(b, u/uint64(Unit), 10)
+	f := u % uint64(Unit)
 	if f == 0 {
 		return b
 	}
@@ -323,7 +329,7 @@ func AppendUnits(b []byte, v int64) []byte {
 		f /= 10
 	}
 	n := 6
-	for n > 0 && digits[n-1] == '0' {
+	for digits[n-1] == '0' {
 		n--
 	}
 	b = append(b, '.')

@@ -8,7 +8,6 @@ import (
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/lease"
-	"github.com/limitmesh/limitmesh/mesh/internal/service"
 	"github.com/limitmesh/limitmesh/policies"
 )
 
@@ -132,7 +131,7 @@ func satAdd(a, b int64) int64 {
 }
 
 // formatUnits formats micro-units as a decimal number of units.
-func formatUnits(v int64) string { return string(service.AppendMicro(nil, max(v, 0))) }
+func formatUnits(v int64) string { return string(kvstate.AppendUnits(nil, max(v, 0))) }
 
 // String formats the bound as one line per limit, e.g.
 // "local: rate: (3 − 1) × 40 = 80 units".

@@ -2,7 +2,8 @@ package shadow
 
 import (
 	"errors"
-	"strconv"
+
+	"github.com/limitmesh/limitmesh/kvstate"
 )
 
 // Summary is what the evaluator knows about one candidate revision, stored
@@ -98,29 +99,7 @@ func (u Units) String() string { return string(appendUnits(nil, int64(u))) }
 
 // appendUnits appends micro-units v as a decimal with the fractional digits
 // it needs: 1500000 -> 1.5, 3000000 -> 3.
-func appendUnits(dst []byte, v int64) []byte {
-	u := uint64(v)
-	if v < 0 {
-		dst = append(dst, '-')
-		u = uint64(-(v + 1)) + 1
-	}
-	dst = strconv.AppendUint(dst, u/1_000_000, 10)
-	frac := u % 1_000_000
-	if frac == 0 {
-		return dst
-	}
-	var digits [6]byte
-	for i := 5; i >= 0; i-- {
-		digits[i] = byte('0' + frac%10)
-		frac /= 10
-	}
-	n := 6
-	for digits[n-1] == '0' {
-		n--
-	}
-	dst = append(dst, '.')
-	return append(dst, digits[:n]...)
-}
+func appendUnits(dst []byte, v int64) []byte { return kvstate.AppendUnits(dst, v) }
 
 var errUnits = errors.New("shadow: units must be a decimal number with at most 6 fractional digits")
 

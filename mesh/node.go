@@ -44,6 +44,7 @@ import (
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 	"github.com/limitmesh/limitmesh/mesh/internal/service"
+	"github.com/limitmesh/limitmesh/policies"
 	"github.com/limitmesh/limitmesh/shadow"
 	"github.com/limitmesh/limitmesh/usage"
 	"github.com/nats-io/nats.go"
@@ -345,6 +346,10 @@ func (n *Node) PolicyRevision(name string) (uint64, bool) {
 	}
 	return p.Revision, true
 }
+
+// Policy returns the version of policy name in force on this node, nil
+// when there is none. The policy is shared: do not modify it.
+func (n *Node) Policy(name string) *policies.Policy { return n.policies.Current(name) }
 
 // Roles returns the node's roles.
 func (n *Node) Roles() Roles { return n.cfg.Roles }

@@ -27,6 +27,8 @@ func runPolicy(ctx context.Context, args []string, s stdio) error {
 		"history":  policyHistory,
 		"rollback": policyRollback,
 		"explain":  policyExplain,
+
+		"import-envoy": policyImportEnvoy, // offline, policy_envoy.go
 	}
 	return subcommand(ctx, args, s, sub,
 		"usage: limitmesh policy put NAME FILE|-",
@@ -36,6 +38,7 @@ func runPolicy(ctx context.Context, args []string, s stdio) error {
 		"       limitmesh policy history NAME",
 		"       limitmesh policy rollback NAME",
 		"       limitmesh policy explain NAME [--nodes N] [--file FILE]",
+		"       limitmesh policy import-envoy FILE|DIR... [--json] [--dir DIR]",
 	)
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/limitmesh/limitmesh/auth"
 	"github.com/limitmesh/limitmesh/mesh"
@@ -53,6 +54,7 @@ type serveConfig struct {
 	usageRetention  time.Duration
 	usageMaxBytes   byteSize
 	roles           string
+	envoyListen     string
 
 	// Set by parsing: whether --region was given (flag or environment),
 	// the --gateways entries by region name, whether --roles was given
@@ -102,6 +104,7 @@ func serveFlags(s stdio) (*serveConfig, func([]string) error) {
 	fs.DurationVar(&c.usageRetention, "usage-retention", mesh.DefaultUsageRetention, "max age of the records in the usage stream this node creates")
 	fs.Var(&c.usageMaxBytes, "usage-max-bytes", "max size of the usage stream this node creates, in bytes or with a unit: 1GiB, 512MiB, 64KiB (oldest records go first)")
 	fs.StringVar(&c.roles, "roles", mesh.AllRoles.String(), "what this node does, comma-separated: decide (serve decisions, own partitions), ledger (may run the usage ledger), shadow (may run the shadow evaluator)")
+	fs.StringVar(&c.envoyListen, "envoy-listen", "", "host:port of Envoy's rate limit service (gRPC envoy.service.ratelimit.v3.RateLimitService, with health checking and reflection); off when empty")
 	return c, func(args []string) error {
 		if err := parseFlags(fs, args, s); err != nil {
 			return err
@@ -150,12 +153,17 @@ func (c *serveConfig) validate() error {
 		return errors.New("--data must name a directory for the embedded server")
 	case c.natsURL != "" && (c.clusterListen != "" || len(c.routes) > 0 || c.gatewayListen != "" || len(c.gateways) > 0):
 		return errors.New("--cluster-listen, --routes, --gateway-listen and --gateways configure the embedded server; they cannot be used with --nats-url")
+	case c.envoyListen != "" && !validListen(c.envoyListen):
+		return fmt.Errorf("--envoy-listen %q: want host:port with a port 0..65535", c.envoyListen)
 	}
 	if _, err := parseLevel(c.logLevel); err != nil {
 		return err
 	}
 	if err := c.validateRoles(); err != nil {
 		return err
+	}
+	if c.envoyListen != "" && !c.roleSet.Has(mesh.RoleDecide) {
+		return fmt.Errorf("--envoy-listen needs the decide role (--roles %q): the bridge's node serves it", c.roles)
 	}
 	return c.validateRegion()
 }
@@ -261,6 +269,17 @@ func (c *serveConfig) tenantBinder(ctx context.Context, nc *nats.Conn, secured *
 	return b, nil
 }
 
+// validListen reports whether hp is host:port with a port 0..65535 (0: any
+// free port).
+func validListen(hp string) bool {
+	_, ps, err := net.SplitHostPort(hp)
+	if err != nil {
+		return false
+	}
+	p, err := strconv.Atoi(ps)
+	return err == nil && p >= 0 && p <= 65535
+}
+
 // validHostPort reports whether hp is host:port with a port 1..65535.
 func validHostPort(hp string) bool {
 	_, ps, err := net.SplitHostPort(hp)
@@ -302,10 +321,19 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		return fmt.Errorf("--http %s: %v", c.httpAddr, err)
 	}
 	defer hl.Close()
+	var el net.Listener
+	if c.envoyListen != "" {
+		if el, err = net.Listen("tcp", c.envoyListen); err != nil {
+			return fmt.Errorf("--envoy-listen %s: %v", c.envoyListen, err)
+		}
+		defer el.Close()
+	}
+	reg := prometheus.NewRegistry()
 
 	var (
-		nc  *nats.Conn
-		emb *mesh.Embedded
+		nc      *nats.Conn
+		emb     *mesh.Embedded
+		connect func(name string) (*nats.Conn, error) // more connections like nc
 	)
 	if c.natsURL == "" {
 		ec := mesh.EmbeddedConfig{
@@ -336,12 +364,18 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		if err != nil {
 			return fmt.Errorf("connect to the embedded NATS server: %v", err)
 		}
+		connect = func(name string) (*nats.Conn, error) {
+			return emb.Connect(append([]nats.Option{nats.Name(name)}, opts[1:]...)...)
+		}
 		log.Info("embedded NATS server started", "listen", c.natsListen, "data", c.dataDir,
 			"cluster", c.clusterName, "gateway", c.gatewayListen, "secured", secured != nil)
 	} else {
 		nc, err = connectNATS(c.natsURL, "limitmesh-node", c.creds, 5*time.Second, nats.MaxReconnects(-1))
 		if err != nil {
 			return err
+		}
+		connect = func(name string) (*nats.Conn, error) {
+			return connectNATS(c.natsURL, name, c.creds, 5*time.Second, nats.MaxReconnects(-1))
 		}
 	}
 	defer nc.Close()
@@ -363,6 +397,7 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		Replicas:        c.replicas,
 		StateTTL:        c.stateTTL,
 		Logger:          log,
+		Registry:        reg,
 		Partitions:      c.partitions,
 		LeaseTime:       c.lease,
 		NodeID:          c.nodeID,
@@ -381,6 +416,15 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 	cancel()
 	if err != nil {
 		return fmt.Errorf("start node: %w", err)
+	}
+	var bridge *envoyBridge
+	if el != nil {
+		if bridge, err = startEnvoy(el, connect, node, c, reg, log); err != nil {
+			stopCtx, cancel := context.WithTimeout(context.Background(), c.drainTimeout)
+			_ = node.Stop(stopCtx)
+			cancel()
+			return err
+		}
 	}
 
 	// The serving line comes before the first /readyz answer: whoever saw
@@ -401,6 +445,9 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 	log.Info("draining")
 	stopCtx, cancel := context.WithTimeout(context.Background(), c.drainTimeout)
 	defer cancel()
+	if bridge != nil {
+		bridge.stop(stopCtx, log)
+	}
 	if err := node.Stop(stopCtx); err != nil {
 		log.Warn("drain incomplete", "err", err)
 	}

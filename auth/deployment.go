@@ -432,7 +432,8 @@ func systemAccountClaims(pub string) *jwt.AccountClaims {
 const lookupSubjects = "$SYS.REQ.ACCOUNT.*.CLAIMS.LOOKUP"
 
 // limiterAccountClaims is LIMITER: JetStream without limits, the decide
-// service exported to every account, the account lookup imported from SYS.
+// and reservation endpoints exported to every account as services, the
+// account lookup imported from SYS.
 func limiterAccountClaims(pub, sysPub, prefix string) *jwt.AccountClaims {
 	ac := jwt.NewAccountClaims(pub)
 	ac.Name = LimiterAccountName
@@ -440,18 +441,22 @@ func limiterAccountClaims(pub, sysPub, prefix string) *jwt.AccountClaims {
 		MemoryStorage: jwt.NoLimit, DiskStorage: jwt.NoLimit,
 		Streams: jwt.NoLimit, Consumer: jwt.NoLimit, MaxAckPending: jwt.NoLimit,
 	}
-	ac.Exports.Add(&jwt.Export{Name: "limitmesh decide", Subject: jwt.Subject(DecideSubject(prefix)), Type: jwt.Service})
+	for _, ep := range ServiceEndpoints {
+		ac.Exports.Add(&jwt.Export{Name: "limitmesh " + ep, Subject: jwt.Subject(ServiceSubject(prefix, ep)), Type: jwt.Service})
+	}
 	ac.Imports.Add(&jwt.Import{Name: "account JWT lookup", Subject: lookupSubjects, Account: sysPub, Type: jwt.Service})
 	return ac
 }
 
-// tenantAccountClaims is a tenant's account: its only import is the
-// decide service; no JetStream, no exports.
+// tenantAccountClaims is a tenant's account: its only imports are the
+// decide and reservation endpoints; no JetStream, no exports.
 func tenantAccountClaims(pub, name string, d *Deployment) *jwt.AccountClaims {
 	ac := jwt.NewAccountClaims(pub)
 	ac.Name = name
-	ac.Imports.Add(&jwt.Import{Name: "limitmesh decide", Subject: jwt.Subject(DecideSubject(d.Prefix)),
-		Account: d.LimiterAccount, Type: jwt.Service, Share: d.ShareIdentity})
+	for _, ep := range ServiceEndpoints {
+		ac.Imports.Add(&jwt.Import{Name: "limitmesh " + ep, Subject: jwt.Subject(ServiceSubject(d.Prefix, ep)),
+			Account: d.LimiterAccount, Type: jwt.Service, Share: d.ShareIdentity})
+	}
 	return ac
 }
 
@@ -467,7 +472,9 @@ func newTenant(opKP nkeys.KeyPair, d *Deployment, name string) ([]file, string, 
 		return nil, "", "", fmt.Errorf("auth: tenant %q account JWT: %w", name, err)
 	}
 	creds, err := userCreds(acct.kp, name, func(uc *jwt.UserClaims) {
-		uc.Permissions.Pub.Allow.Add(DecideSubject(d.Prefix))
+		for _, ep := range ServiceEndpoints {
+			uc.Permissions.Pub.Allow.Add(ServiceSubject(d.Prefix, ep))
+		}
 		uc.Permissions.Sub.Allow.Add("_INBOX.>")
 	})
 	if err != nil {

@@ -102,21 +102,32 @@ func TestInitWritesDeployment(t *testing.T) {
 	if !lim.Limits.IsJSEnabled() || !lim.Limits.JetStreamLimits.IsUnlimited() {
 		t.Errorf("LIMITER JetStream limits %+v, want enabled and unlimited", lim.Limits.JetStreamLimits)
 	}
-	if len(lim.Exports) != 1 || lim.Exports[0].Subject != "lm.v1.decide" || lim.Exports[0].Type != jwt.Service {
-		t.Errorf("LIMITER exports %+v", lim.Exports)
+	// The JWTs keep exports and imports sorted by subject.
+	services := jwt.StringList{"lm.v1.decide", "lm.v1.release", "lm.v1.renew", "lm.v1.reserve", "lm.v1.settle"}
+	if len(lim.Exports) != len(services) {
+		t.Errorf("LIMITER exports %d services, want %v", len(lim.Exports), services)
+	}
+	for i, e := range lim.Exports {
+		if string(e.Subject) != services[i] || e.Type != jwt.Service {
+			t.Errorf("LIMITER export %d: %s (%v), want the service %s", i, e.Subject, e.Type, services[i])
+		}
 	}
 	for _, name := range []string{"acme", "birch"} {
 		ac := readAccount(t, dir, "accounts/tenants/"+name+".jwt")
 		if ac.Name != name || ac.Subject != d.Tenants[name] || ac.Issuer != op.Subject || ac.Limits.IsJSEnabled() || len(ac.Exports) != 0 {
 			t.Errorf("tenant %s account %+v", name, ac)
 		}
-		if len(ac.Imports) != 1 || ac.Imports[0].Subject != "lm.v1.decide" || ac.Imports[0].Account != d.LimiterAccount ||
-			ac.Imports[0].Type != jwt.Service {
-			t.Errorf("tenant %s imports %+v", name, ac.Imports)
+		if len(ac.Imports) != len(services) {
+			t.Errorf("tenant %s imports %d services, want %v", name, len(ac.Imports), services)
+		}
+		for i, im := range ac.Imports {
+			if string(im.Subject) != services[i] || im.Account != d.LimiterAccount || im.Type != jwt.Service {
+				t.Errorf("tenant %s import %d: %+v, want the service %s of LIMITER", name, i, im, services[i])
+			}
 		}
 		uc := readCreds(t, d.TenantCreds(name))
 		if uc.Issuer != ac.Subject || uc.Name != name ||
-			!slices.Equal(uc.Pub.Allow, jwt.StringList{"lm.v1.decide"}) || len(uc.Pub.Deny) != 0 ||
+			!slices.Equal(slices.Sorted(slices.Values(uc.Pub.Allow)), []string(services)) || len(uc.Pub.Deny) != 0 ||
 			!slices.Equal(uc.Sub.Allow, jwt.StringList{"_INBOX.>"}) {
 			t.Errorf("tenant %s user %+v", name, uc.Permissions)
 		}

@@ -60,3 +60,13 @@ func validPrefix(p string) bool {
 // DecideSubject is the decide service's subject for a subject prefix:
 // "rl" -> "rl.v1.decide" (CONTRACT.md §1).
 func DecideSubject(prefix string) string { return prefix + ".v1.decide" }
+
+// ServiceEndpoints are the endpoints of the limitmesh micro service a
+// tenant calls: decide (CONTRACT.md §2) and the reservation endpoints
+// (§10). Each is exported by the limiter account and imported by every
+// tenant account.
+var ServiceEndpoints = []string{"decide", "reserve", "settle", "release", "renew"}
+
+// ServiceSubject is endpoint's subject for a subject prefix: "rl",
+// "reserve" -> "rl.v1.reserve".
+func ServiceSubject(prefix, endpoint string) string { return prefix + ".v1." + endpoint }

@@ -342,3 +342,34 @@ func TestReservationsSDK(t *testing.T) {
 		return ok && tot.AllowedUnits.String() == "937"
 	})
 }
+
+// TestSecuredReservations: in a secured deployment a tenant reserves and
+// settles through the imports of its account (its tenant bound from the
+// account), and another tenant cannot settle its reservation (403).
+func TestSecuredReservations(t *testing.T) {
+	s := startSecured(t)
+	node := s.dial(t, s.d.NodeCreds(), nil)
+	startNodeOn(t, node, mesh.NodeConfig{Binder: binder(t, s, node)})
+	admin := s.dial(t, s.d.AdminCreds(), nil)
+	putPolicy(t, admin, "rl_policies", "jobs", `{"match":{"tenant":"*","job":"*"},"key":["tenant"],"limits":[{"algorithm":"token_bucket","rate":"1/h","burst":100}]}`)
+	acme := s.dial(t, s.d.TenantCreds("acme"), nil)
+	birch := s.dial(t, s.d.TenantCreds("birch"), nil)
+	job := map[string]string{"job": "export"}
+	var r resReply
+	waitFor(t, "the policy on the node", func() bool {
+		r = resRequest(t, acme, "rl.v1.reserve", req(job, `"cost":100`))
+		return r.Policy == "jobs"
+	})
+	if !r.Allowed || !strings.HasSuffix(r.Reservation, ".p.jobs.tenant=acme") || r.Partition != -1 {
+		t.Fatalf("acme's reserve: %+v", r)
+	}
+	if f := resRequest(t, birch, "rl.v1.settle", settleBody(r.Reservation, `"cost":1`)); f.Code != "403" {
+		t.Fatalf("birch settling acme's reservation: %+v", f)
+	}
+	if f := resRequest(t, acme, "rl.v1.reserve", req(map[string]string{"job": "export", "tenant": "birch"}, "")); f.Code != "403" {
+		t.Fatalf("acme reserving for birch: %+v", f)
+	}
+	if st := resRequest(t, acme, "rl.v1.settle", settleBody(r.Reservation, `"cost":40`)); st.Code != "" || st.Settled != 40 || st.Returned != 60 {
+		t.Fatalf("acme's settle: %+v", st)
+	}
+}

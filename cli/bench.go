@@ -34,7 +34,9 @@ import (
 // request body of a real decision), and the decide phase against
 // <prefix>.v1.decide. The echo phase is the baseline: what the same client
 // gets from NATS alone; ratio = decisions/s / echo/s. At the end the policy
-// is deleted.
+// is deleted. --mode reserve and --mode concurrency run the same way with
+// reservations (a reserve and its settle, an acquire and its release) in
+// place of decisions, and check for leaks at the end (bench_reserve.go).
 //
 // Rounds. The phases do not run one after the other but in --rounds
 // alternating slices, echo first: echo, decide, echo, decide, ..., each
@@ -107,12 +109,13 @@ type benchConfig struct {
 	quiet        bool
 	verbose      bool
 	cpuProfile   string
-	memProfile   string      // bench_mem.go
-	candidates   int         // shadow candidates on the run's descriptors (bench_shadow.go)
-	usage        bool        // the embedded node publishes usage records (NoUsage when false)
-	roles        string      // roles of the embedded node (serve --roles)
-	maxKeys      int64       // the policy's max_keys; 0: none (the default)
-	flood        floodConfig // bench_flood.go
+	memProfile   string       // bench_mem.go
+	candidates   int          // shadow candidates on the run's descriptors (bench_shadow.go)
+	usage        bool         // the embedded node publishes usage records (NoUsage when false)
+	roles        string       // roles of the embedded node (serve --roles)
+	maxKeys      int64        // the policy's max_keys; 0: none (the default)
+	flood        floodConfig  // bench_flood.go
+	res          reserveFlags // --mode reserve and concurrency (bench_reserve.go)
 	// Leased mode (bench_leased.go).
 	holders int
 	regions int
@@ -132,7 +135,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.Float64Var(&c.zipf, "zipf", 1.1, "Zipf exponent of the key popularity (0: uniform)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the key sequence")
 	fs.StringVar(&c.cost, "cost", "1", "cost of each request (decimal)")
-	fs.StringVar(&c.mode, "mode", "strict", "policy mode: strict, async, local or leased")
+	fs.StringVar(&c.mode, "mode", "strict", "policy mode: strict, async, local or leased; or reserve (reserve and settle) or concurrency (acquire and release)")
 	fs.IntVar(&c.holders, "holders", 6, "leased: SDK holders (gateways) in this process")
 	fs.IntVar(&c.regions, "regions", 1, "leased: regions of the embedded supercluster the holders are spread over (without --nats-url)")
 	fs.DurationVar(&c.shift, "shift", 2*time.Second, "leased: demand moves between the holders every D (0: every holder busy all along)")
@@ -144,6 +147,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.BoolVar(&c.verbose, "v", false, "log what the embedded node does")
 	fs.Int64Var(&c.maxKeys, "max-keys", 0, "max_keys of the bench policy: live keys per node beyond which new keys share one overflow key (0: the default)")
 	c.flood.register(fs)
+	c.res.register(fs)
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the decide phase (this process: the embedded node too) to `file`; "+
 		"pprof cannot pause, so with --rounds > 1 it also covers the echo slices between the first and the last decide slice")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write a heap profile (this process: the embedded node too) to `file` at the end of the decide phase")
@@ -152,6 +156,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.Usage = func() {
 		fmt.Fprintln(s.err, "usage: limitmesh bench [--nats-url URL] [--duration 10s] [--concurrency 64] [--keys 10000] [--zipf 1.1] [--mode strict] [--json]")
 		fmt.Fprintln(s.err, "       limitmesh bench --mode leased [--holders 6] [--regions 1] [--shift 2s] [...]")
+		fmt.Fprintln(s.err, "       limitmesh bench --mode reserve|concurrency [--ttl 2s] [--random-cost] [--slots N] [--hold 2ms] [...]")
 		fmt.Fprintln(s.err, "Without --nats-url, bench starts an embedded node in this process.")
 		fs.PrintDefaults()
 	}
@@ -181,6 +186,14 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 		} else if set["holders"] || set["regions"] || set["shift"] {
 			fmt.Fprintln(s.err, "limitmesh bench: --holders, --regions and --shift are for --mode leased")
 			return errUsage
+		}
+		if !isReserveMode(c.mode) {
+			for _, name := range reserveFlagNames {
+				if set[name] {
+					fmt.Fprintf(s.err, "limitmesh bench: --%s is for --mode reserve and concurrency\n", name)
+					return errUsage
+				}
+			}
 		}
 		if c.echoDuration == 0 {
 			c.echoDuration = c.duration
@@ -223,8 +236,12 @@ func (c *benchConfig) validate() error {
 	}
 	switch c.mode {
 	case "strict", "async", "local", "leased":
+	case "reserve", "concurrency":
+		if err := c.res.validate(c); err != nil {
+			return err
+		}
 	default:
-		return fmt.Errorf("--mode %q: want strict, async, local or leased", c.mode)
+		return fmt.Errorf("--mode %q: want strict, async, local, leased, reserve or concurrency", c.mode)
 	}
 	switch {
 	case c.holders < 1 || c.holders > 1024:
@@ -253,11 +270,12 @@ type benchPlan struct {
 	policyDoc  []byte
 	limit      kvstate.Limit // the policy's limit, in micro-units
 	cost       int64         // micro-units per request
-	decideSubj string
+	decideSubj string        // the measured phase's subject (reserve modes: reserve)
 	echoSubj   string
 	// A request body is bodyPre + key number + bodyPost.
 	bodyPre, bodyPost []byte
-	quotedPolicy      []byte // `"<policyName>"`, to recognise replies
+	quotedPolicy      []byte   // `"<policyName>"`, to recognise replies
+	res               *resPlan // the reserve modes (bench_reserve.go); nil otherwise
 }
 
 func newBenchPlan(c *benchConfig, run string) (*benchPlan, error) {
@@ -272,17 +290,28 @@ func newBenchPlan(c *benchConfig, run string) (*benchPlan, error) {
 		return nil, fmt.Errorf("--cost %q: %v", c.cost, err)
 	}
 	rate, _ := json.Marshal(c.rate)
+	limits, from := fmt.Sprintf(`[{"name":"rate","algorithm":"token_bucket","rate":%s,"burst":%s}]`, rate, burstJSON(c.burst)),
+		fmt.Sprintf("--rate %q / --burst %q", c.rate, c.burst)
+	mode := c.mode
+	if isReserveMode(c.mode) {
+		limits, from = reserveLimits(c)
+		mode = "strict"
+	}
 	p.policyDoc = fmt.Appendf(nil, `{"match":{"bench_run":%q},"key":["bench_run","key"],`+
-		`"limits":[{"name":"rate","algorithm":"token_bucket","rate":%s,"burst":%s}],`+
-		`"mode":%q%s,"description":"limitmesh bench run %s"}`, run, rate, burstJSON(c.burst), c.mode, maxKeysJSON(c.maxKeys), run)
+		`"limits":%s,"mode":%q%s,"description":"limitmesh bench run %s"}`, run, limits, mode, maxKeysJSON(c.maxKeys), run)
 	pol, err := policies.Parse(p.policyName, p.policyDoc)
 	if err != nil {
-		return nil, fmt.Errorf("--rate %q / --burst %q: %v", c.rate, c.burst, err)
+		return nil, fmt.Errorf("%s: %v", from, err)
 	}
 	p.limit = pol.Limits[0].Limit
 	p.bodyPre = fmt.Appendf(nil, `{"descriptor":{"bench_run":%q,"key":"k`, run)
 	p.bodyPost = fmt.Appendf(nil, `"},"cost":%s}`, strconv.Quote(c.cost))
 	p.quotedPolicy = strconv.AppendQuote(nil, p.policyName)
+	if isReserveMode(c.mode) {
+		if err := p.planReservations(c); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
@@ -325,8 +354,9 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	}
 
 	var (
-		connect func(name string) (*nats.Conn, error)
-		cleanup []func()
+		connect     func(name string) (*nats.Conn, error)
+		cleanup     []func()
+		metricsURLs []string // the reserve modes' leak check reads them
 	)
 	defer func() {
 		for i := len(cleanup) - 1; i >= 0; i-- {
@@ -335,6 +365,7 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	}()
 	if c.external {
 		connect = func(name string) (*nats.Conn, error) { return c.cf.dial(name) }
+		metricsURLs = c.res.urls()
 		logf(progress, "bench: the limitmesh deployment at %s", redactURL(c.cf.natsURL))
 	} else {
 		// The embedded node must accept the mode, or no decision will ever
@@ -342,11 +373,14 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 		if _, err := mesh.ParsePolicy(plan.policyName, plan.policyDoc); err != nil {
 			return fmt.Errorf("the embedded node does not implement --mode %s: %v", c.mode, err)
 		}
-		emb, stop, err := startBenchNode(ctx, c, s.err)
+		emb, metricsURL, stop, err := startBenchNode(ctx, c, s.err)
 		if err != nil {
 			return err
 		}
 		cleanup = append(cleanup, stop)
+		if metricsURL != "" {
+			metricsURLs = []string{metricsURL}
+		}
 		connect = func(name string) (*nats.Conn, error) { return emb.Connect(nats.Name(name)) }
 		logf(progress, "bench: started an embedded node (NATS + JetStream in this process)")
 	}
@@ -375,20 +409,33 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	}
 	cleanup = append(cleanup, sh.remove)
 
+	r := &benchRun{c: c, plan: plan, dist: dist, progress: progress}
+	echoReplies := map[string][]byte{plan.echoSubj: sample}
+	var rb *resBench
+	if plan.res != nil {
+		if rb, err = newResBench(ctx, admin, r); err != nil {
+			return err
+		}
+		echoReplies = rb.echoReplies
+	}
 	// The echo responder: on a connection of its own, in a queue group,
-	// answering with a payload as large as a decision reply.
+	// answering with a payload as large as a decision reply (reserve
+	// modes: a reserve's, and a settle's or release's on a second
+	// subject).
 	echoConn, err := connect("limitmesh-bench-echo")
 	if err != nil {
 		return err
 	}
 	cleanup = append(cleanup, echoConn.Close)
-	echoSub, err := echoConn.QueueSubscribe(plan.echoSubj, "limitmesh-bench-echo", func(m *nats.Msg) {
-		_ = m.Respond(sample)
-	})
-	if err != nil {
-		return err
+	for subject, reply := range echoReplies {
+		echoSub, err := echoConn.QueueSubscribe(subject, "limitmesh-bench-echo", func(m *nats.Msg) {
+			_ = m.Respond(reply)
+		})
+		if err != nil {
+			return err
+		}
+		_ = echoSub.SetPendingLimits(-1, -1)
 	}
-	_ = echoSub.SetPendingLimits(-1, -1)
 	if err := echoConn.Flush(); err != nil {
 		return err
 	}
@@ -406,9 +453,14 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 		}
 	}
 
-	logf(progress, "bench: policy %s (revision %d): token_bucket %s burst %s per key, mode %s",
-		plan.policyName, rev, c.rate, c.burst, c.mode)
-	r := &benchRun{c: c, plan: plan, dist: dist, load: load, progress: progress}
+	if c.mode == "concurrency" {
+		logf(progress, "bench: policy %s (revision %d): concurrency %s per key, mode concurrency",
+			plan.policyName, rev, c.res.slotsFor(c))
+	} else {
+		logf(progress, "bench: policy %s (revision %d): token_bucket %s burst %s per key, mode %s",
+			plan.policyName, rev, c.rate, c.burst, c.mode)
+	}
+	r.load = load
 	tally := make([]keyTally, c.keys)
 	for i := range tally {
 		tally[i].first.Store(math.MaxInt64)
@@ -420,6 +472,9 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	cleanup = append(cleanup, stopFlood)
 	echo := r.newPhase("echo", plan.echoSubj, nil)
 	decide := r.newPhase("decide", plan.decideSubj, tally)
+	if rb != nil {
+		rb.attach(echo, decide, tally)
+	}
 	usageBefore, usageOK := markUsageStream(ctx, js, c)
 	if err := r.runRounds(ctx, echo, decide); err != nil {
 		return err
@@ -432,6 +487,9 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	rep.UsageLagMs, rep.UsagePending, rep.usageNote = measureUsageLag(ctx, js, c)
 	rep.measureUsageCost(ctx, js, c, usageBefore, usageOK)
 	rep.CPUPerDecisionUs, rep.EchoCPUPerRequestUs = cpuPer(decide.cpu, rep.Decisions), cpuPer(echo.cpu, rep.EchoRequests)
+	if rb != nil {
+		rb.reserveReport(ctx, rep, echo, decide, metricsURLs, progress)
+	}
 	rep.Flood = fl.report()
 	rep.RSSPeakMB = peakRSSMB()
 	rep.print(s.out, c, plan)
@@ -440,6 +498,9 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	if c.jsonOut {
 		b, _ := json.Marshal(rep)
 		fmt.Fprintln(s.out, string(b))
+	}
+	if rep.resReport != nil {
+		return rep.reserveVerdict(c)
 	}
 	if c.mode == "strict" && rep.OvershootMicro > 0 {
 		return fmt.Errorf("strict mode admitted %s units beyond the contract on %d keys: this is a bug",

@@ -71,6 +71,8 @@ type worker struct {
 	unavailable      int64 // 503 replies
 	failed           int64 // other error replies and send errors
 	unmatched        int64 // decisions not made with the bench policy
+
+	res *resWorker // the reserve modes (bench_reserve.go)
 }
 
 // phaseResult is one phase's merged figures.
@@ -101,6 +103,9 @@ type phase struct {
 	name    string
 	subject string
 	tally   []keyTally // nil: the echo phase (replies are not parsed)
+	// loop, when set, is a worker's loop in place of work (the reserve
+	// modes, bench_reserve.go).
+	loop    func(w *worker, stop *atomic.Bool)
 	workers []*worker
 	elapsed time.Duration // summed over the slices run so far
 	cpu     time.Duration // CPU time of this process during the slices (bench_cpu.go)
@@ -148,6 +153,10 @@ func (r *benchRun) runSlice(ctx context.Context, p *phase, sl benchSlice) error 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if p.loop != nil {
+				p.loop(w, &stop)
+				return
+			}
 			r.work(w, p.subject, &stop, p.tally)
 		}()
 	}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"time"
 
@@ -18,8 +20,9 @@ import (
 )
 
 // startBenchNode starts an embedded NATS server and a node on it; stop
-// undoes both.
-func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (*mesh.Embedded, func(), error) {
+// undoes both. In the reserve modes the node's /metrics is served on a
+// loopback port, at metricsURL, for the leak check (bench_reserve_check.go).
+func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (_ *mesh.Embedded, metricsURL string, _ func(), _ error) {
 	var undo []func()
 	stop := func() {
 		for i := len(undo) - 1; i >= 0; i-- {
@@ -28,7 +31,7 @@ func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (*mesh.
 	}
 	dir, err := os.MkdirTemp("", "limitmesh-bench-")
 	if err != nil {
-		return nil, nil, err
+		return nil, "", nil, err
 	}
 	undo = append(undo, func() { os.RemoveAll(dir) })
 	level := new(slog.LevelVar)
@@ -40,13 +43,13 @@ func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (*mesh.
 	emb, err := mesh.StartEmbedded(mesh.EmbeddedConfig{DataDir: dir, ServerName: "limitmesh-bench", Logger: log})
 	if err != nil {
 		stop()
-		return nil, nil, fmt.Errorf("embedded NATS: %v", err)
+		return nil, "", nil, fmt.Errorf("embedded NATS: %v", err)
 	}
 	undo = append(undo, emb.Shutdown)
 	nodeConn, err := emb.Connect(nats.Name("limitmesh-node"))
 	if err != nil {
 		stop()
-		return nil, nil, err
+		return nil, "", nil, err
 	}
 	undo = append(undo, nodeConn.Close)
 	var roles mesh.Roles // the default: all (also with --usage=false)
@@ -56,14 +59,14 @@ func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (*mesh.
 	node, err := mesh.NewNode(nodeConn, mesh.NodeConfig{Prefix: c.cf.prefix, Logger: log, NoUsage: !c.usage, Roles: roles})
 	if err != nil {
 		stop()
-		return nil, nil, err
+		return nil, "", nil, err
 	}
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = node.Start(startCtx)
 	cancel()
 	if err != nil {
 		stop()
-		return nil, nil, fmt.Errorf("start node: %v", err)
+		return nil, "", nil, fmt.Errorf("start node: %v", err)
 	}
 	undo = append(undo, func() {
 		if !c.verbose {
@@ -76,7 +79,18 @@ func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (*mesh.
 		defer cancel()
 		_ = node.Stop(sctx)
 	})
-	return emb, stop, nil
+	if isReserveMode(c.mode) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			stop()
+			return nil, "", nil, err
+		}
+		srv := &http.Server{Handler: node.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		undo = append(undo, func() { _ = srv.Close() })
+		metricsURL = "http://" + ln.Addr().String() + "/metrics"
+	}
+	return emb, metricsURL, stop, nil
 }
 
 // waitForBenchPolicy polls with dry runs until the node decides with the

@@ -170,7 +170,9 @@ type benchReport struct {
 	UsageBytesPerDecision *float64 `json:"usage_bytes_per_decision"`
 	UsageRetentionHours   *float64 `json:"usage_retention_hours"`
 	usageCost             *usageStreamCost
-	// This process's CPU time per reply in each phase (bench_cpu.go).
+	// This process's CPU time per reply in each phase (bench_cpu.go); in
+	// the reserve modes per operation and per echo operation (two round
+	// trips), with cpu_us_per_pair beside them (bench_reserve.go).
 	CPUPerDecisionUs    float64 `json:"cpu_us_per_decision"`
 	EchoCPUPerRequestUs float64 `json:"echo_cpu_us_per_request"`
 	// This process's peak resident memory when the report was made, MB
@@ -190,6 +192,8 @@ type benchReport struct {
 	Holders       int      `json:"holders,omitempty"`
 	Regions       int      `json:"regions,omitempty"`
 	ShiftS        float64  `json:"shift_s,omitempty"`
+	// The reserve modes' figures (bench_reserve_check.go); nil otherwise.
+	*resReport
 }
 
 func (r *benchRun) report(echo, decide *phaseResult, tally []keyTally) *benchReport {
@@ -241,32 +245,66 @@ func (rep *benchReport) print(w io.Writer, c *benchConfig, plan *benchPlan) {
 	case c.zipf == 0:
 		keys = fmt.Sprintf("%d keys (uniform)", c.keys)
 	}
-	fmt.Fprintf(w, "limitmesh bench: mode %s, %s, %d in flight over %d connections, cost %s\n",
-		c.mode, keys, c.concurrency, c.conns, c.cost)
-	fmt.Fprintf(w, "policy %s: token_bucket %s, burst %s per key\n", plan.policyName, c.rate, c.burst)
-	if rep.Rounds == 1 {
-		fmt.Fprintf(w, "echo %.1fs, then decide %.1fs\n\n", rep.EchoDurationS, rep.DurationS)
-	} else {
-		fmt.Fprintf(w, "echo %.1fs and decide %.1fs, interleaved in %d rounds\n\n", rep.EchoDurationS, rep.DurationS, rep.Rounds)
+	cost := c.cost
+	if c.res.randomCost {
+		cost = "random up to " + c.cost
 	}
-	fmt.Fprintf(w, "%-14s %10s %10s %9s %9s %9s %8s\n", "", "requests", "per sec", "p50 ms", "p99 ms", "p999 ms", "errors")
-	fmt.Fprintf(w, "%-14s %10d %10.0f %9.3f %9.3f %9.3f %8d\n", "raw NATS echo",
+	fmt.Fprintf(w, "limitmesh bench: mode %s, %s, %d in flight over %d connections, cost %s\n",
+		c.mode, keys, c.concurrency, c.conns, cost)
+	// The measured operation, as the table and the ratio name it.
+	op, end := "decide", "settle"
+	switch c.mode {
+	case "reserve":
+		op = "reserve+settle"
+		fmt.Fprintf(w, "policy %s: token_bucket %s, burst %s per key; reservations of ttl %v, each settled at a random part of its cost\n",
+			plan.policyName, c.rate, c.burst, c.res.ttl)
+	case "concurrency":
+		op, end = "acquire+release", "release"
+		fmt.Fprintf(w, "policy %s: concurrency %s per key; slots of ttl %v, each held up to %v\n",
+			plan.policyName, c.res.slotsFor(c), c.res.ttl, c.res.hold)
+	default:
+		fmt.Fprintf(w, "policy %s: token_bucket %s, burst %s per key\n", plan.policyName, c.rate, c.burst)
+	}
+	if rep.Rounds == 1 {
+		fmt.Fprintf(w, "echo %.1fs, then %s %.1fs\n\n", rep.EchoDurationS, op, rep.DurationS)
+	} else {
+		fmt.Fprintf(w, "echo %.1fs and %s %.1fs, interleaved in %d rounds\n\n", rep.EchoDurationS, op, rep.DurationS, rep.Rounds)
+	}
+	if rep.resReport != nil {
+		fmt.Fprintf(w, "(an operation: a reserve and its %s, or a denied reserve; echo: the same two round trips against raw NATS)\n", end)
+	}
+	lw := max(14, len(op))
+	fmt.Fprintf(w, "%-*s %10s %10s %9s %9s %9s %8s\n", lw, "", "requests", "per sec", "p50 ms", "p99 ms", "p999 ms", "errors")
+	fmt.Fprintf(w, "%-*s %10d %10.0f %9.3f %9.3f %9.3f %8d\n", lw, "raw NATS echo",
 		rep.EchoRequests, rep.EchoPerS, rep.EchoP50ms, rep.EchoP99ms, rep.EchoP999ms, rep.EchoErrors)
-	fmt.Fprintf(w, "%-14s %10d %10.0f %9.3f %9.3f %9.3f %8d\n", "decide",
+	fmt.Fprintf(w, "%-*s %10d %10.0f %9.3f %9.3f %9.3f %8d\n", lw, op,
 		rep.Decisions, rep.DecisionsPerS, rep.P50ms, rep.P99ms, rep.P999ms, rep.Errors)
 	p99 := 0.0
 	if rep.EchoP99ms > 0 {
 		p99 = rep.P99ms / rep.EchoP99ms
 	}
-	fmt.Fprintf(w, "\ndecide/echo: throughput %.3f, p99 %.2fx\n", rep.Ratio, p99)
+	fmt.Fprintf(w, "\n%s/echo: throughput %.3f, p99 %.2fx\n", op, rep.Ratio, p99)
 	fmt.Fprintf(w, "admitted %d, denied %d (errors: %d timeouts, %d unavailable, %d unmatched, %d other)\n",
 		rep.Admitted, rep.Denied, rep.Timeouts, rep.Unavailable, rep.Unmatched,
 		rep.Errors-rep.Timeouts-rep.Unavailable-rep.Unmatched)
-	fmt.Fprintf(w, "overshoot: %s units on %d of %d keys with admissions (allowed: burst + rate x span per key)\n",
-		formatUnits(rep.OvershootMicro), rep.OvershootKeys, rep.KeysAdmitted)
+	switch c.mode {
+	case "reserve":
+		fmt.Fprintf(w, "overshoot: %s units on %d of %d keys with admissions (allowed: burst + rate x span per key, of the settled units)\n",
+			formatUnits(rep.OvershootMicro), rep.OvershootKeys, rep.KeysAdmitted)
+	case "concurrency":
+		fmt.Fprintf(w, "overshoot: %s units on %d of %d keys with admissions (allowed: %s units held at once per key)\n",
+			formatUnits(rep.OvershootMicro), rep.OvershootKeys, rep.KeysAdmitted, c.res.slotsFor(c))
+	default:
+		fmt.Fprintf(w, "overshoot: %s units on %d of %d keys with admissions (allowed: burst + rate x span per key)\n",
+			formatUnits(rep.OvershootMicro), rep.OvershootKeys, rep.KeysAdmitted)
+	}
 	rep.printUsageLag(w)
 	rep.printUsageBytes(w, c)
-	rep.printCPU(w, c)
+	if rep.resReport != nil {
+		rep.printReserve(w, c)
+	} else {
+		rep.printCPU(w, c)
+	}
 	rep.printMemory(w, c)
 }
 

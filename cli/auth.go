@@ -20,6 +20,8 @@ func runAuth(ctx context.Context, args []string, s stdio) error {
 		"init":       authInit,
 		"add-tenant": authAddTenant,
 		"push":       authPush,
+
+		"nats-config": authNATSConfig, // auth_nats_config.go
 	}
 	if len(args) == 0 || sub[args[0]] == nil {
 		authUsage(s.err)
@@ -37,6 +39,7 @@ func authUsage(w io.Writer) {
 	fmt.Fprintln(w, "usage: limitmesh auth init DIR [--tenants acme,birch] [--prefix rl] [--force]")
 	fmt.Fprintln(w, "       limitmesh auth add-tenant DIR NAME [--nats-url URL] [--no-push]")
 	fmt.Fprintln(w, "       limitmesh auth push DIR [--nats-url URL]")
+	fmt.Fprintln(w, "       limitmesh auth nats-config DIR [--resolver-dir /data/jwt]")
 }
 
 // parseArgs parses flags that may come before, between or after the

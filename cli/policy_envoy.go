@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -38,7 +37,7 @@ func policyImportEnvoy(_ context.Context, args []string, s stdio) error {
 		fmt.Fprintln(s.err, "usage: limitmesh policy import-envoy [--json] [--algorithm A] [--calendar-month] [--dir DIR] FILE|DIR...")
 		fs.PrintDefaults()
 	}
-	paths, err := parseWithPositionals(fs, args, s)
+	paths, err := parseArgs(fs, args, s)
 	if err != nil {
 		return err
 	}
@@ -101,22 +100,6 @@ func policyImportEnvoy(_ context.Context, args []string, s stdio) error {
 	fmt.Fprintf(s.err, "%d policies from %d files, each valid by the node's parser; put one with: nats kv put rl_policies NAME \"$(cat NAME.json)\"\n",
 		len(res.Policies), len(files))
 	return nil
-}
-
-// parseWithPositionals parses flags that may come before, between and
-// after positional arguments, and returns the positional ones.
-func parseWithPositionals(fs *flag.FlagSet, args []string, s stdio) ([]string, error) {
-	var pos []string
-	for {
-		if err := parseFlags(fs, args, s); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			return pos, nil
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
 }
 
 // ratelimitFiles expands directories to their *.yaml and *.yml files (as

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 )
 
@@ -16,9 +17,22 @@ import (
 // (and without a reservation sequence) has no such section.
 
 // MaxReservations caps the open reservations of one key: a reserve beyond
-// it is denied until one ends. The ended ones a record remembers are
-// capped at the same number (the oldest go first).
+// it is denied until one ends.
 const MaxReservations = 1024
+
+// Ended reservations are remembered, with their first outcome, for a
+// settle, release or renew sent again (a retry after a lost reply): for
+// EndedWindow, at most MaxEnded per key (the oldest are forgotten first);
+// a settle of a forgotten one is a 404, which changes nothing (the
+// reservation ended). One whose reserve had a request_id is remembered
+// as request_ids are (DedupeWindow, at most MaxDedupeEntries), so a
+// reserve retried with it gets the same reservation, never a second one.
+// A key's record is written whole with every change, so what it
+// remembers is what each of its writes costs.
+const (
+	EndedWindow = 10 * kvstate.Second
+	MaxEnded    = 64
+)
 
 // sectionReservations is the tag of the reservations extension section.
 const sectionReservations = 2
@@ -74,12 +88,16 @@ type Reservation struct {
 	Room []int64
 
 	// Ending, once Outcome is not Open: the units that stayed spent and
-	// the units given back (Settled + Returned == Units), and when.
+	// the units given back (Settled + Returned == Units), and when. An
+	// ended reservation is stored without its RequestID, Desc and Room.
 	Outcome  Outcome
 	Settled  int64
 	Returned int64
 	EndedAt  int64
 }
+
+// noRoom is a Room entry with no bound yet.
+const noRoom = 1<<63 - 1
 
 // HoldID is the holder id the reservation's hold carries in the key's
 // concurrency limits (kvstate.Hold.ID).
@@ -120,23 +138,40 @@ func appendReservations(dst []byte, r *Record) []byte {
 		body = binary.AppendVarint(body, v.Units)
 		body = binary.AppendUvarint(body, v.Revision)
 		body = binary.AppendVarint(body, v.At)
-		body = binary.AppendVarint(body, v.Expires)
+		body = binary.AppendUvarint(body, uint64(v.Expires-v.At))
 		var f byte
 		if v.HasReqID {
 			f |= resFlagReqID
 		}
-		if v.Outcome != Open {
+		ended := v.Outcome != Open
+		if ended {
 			f |= resFlagEnded
 		}
 		body = append(body, f)
 		if v.HasReqID {
 			body = append(body, v.ReqID[:]...)
+		}
+		if ended {
+			// What an ended reservation is remembered for: its first
+			// outcome. Its request_id text, rooms and descriptor served
+			// its end only.
+			body = append(body, byte(v.Outcome))
+			body = binary.AppendVarint(body, v.Settled)
+			body = binary.AppendVarint(body, v.EndedAt)
+			continue
+		}
+		if v.HasReqID {
 			body = binary.AppendUvarint(body, uint64(len(v.RequestID)))
 			body = append(body, v.RequestID...)
 		}
 		body = binary.AppendUvarint(body, uint64(len(v.Room)))
 		for _, r := range v.Room {
-			body = binary.AppendVarint(body, r)
+			// 0: no bound yet (math.MaxInt64), else room+1 (>= 0).
+			var e uint64
+			if r != noRoom {
+				e = uint64(max(r, 0)) + 1
+			}
+			body = binary.AppendUvarint(body, e)
 		}
 		body = binary.AppendUvarint(body, uint64(len(v.Desc)))
 		for _, d := range v.Desc {
@@ -144,12 +179,6 @@ func appendReservations(dst []byte, r *Record) []byte {
 			body = append(body, d.Name...)
 			body = binary.AppendUvarint(body, uint64(len(d.Value)))
 			body = append(body, d.Value...)
-		}
-		if v.Outcome != Open {
-			body = append(body, byte(v.Outcome))
-			body = binary.AppendVarint(body, v.Settled)
-			body = binary.AppendVarint(body, v.Returned)
-			body = binary.AppendVarint(body, v.EndedAt)
 		}
 	}
 	dst = append(dst, sectionReservations)
@@ -163,8 +192,8 @@ func decodeReservations(r *reader, rec *Record) {
 	if r.err != nil {
 		return
 	}
-	if n > 2*MaxReservations {
-		r.fail(fmt.Sprintf("%d reservations, at most %d", n, 2*MaxReservations))
+	if n > MaxReservations+MaxEnded+MaxDedupeEntries {
+		r.fail(fmt.Sprintf("%d reservations, at most %d", n, MaxReservations+MaxEnded+MaxDedupeEntries))
 		return
 	}
 	if n > 0 {
@@ -178,7 +207,11 @@ func decodeReservations(r *reader, rec *Record) {
 		v.Units = r.varint("reservation units")
 		v.Revision = r.uvarint("reservation revision")
 		v.At = r.varint("reservation at")
-		v.Expires = r.varint("reservation expiry")
+		if ttl := r.uvarint("reservation ttl"); ttl <= 1<<62 {
+			v.Expires = v.At + int64(ttl)
+		} else {
+			r.fail("reservation ttl")
+		}
 		f := r.bytes(1, "reservation flags")
 		if r.err != nil {
 			return
@@ -190,56 +223,67 @@ func decodeReservations(r *reader, rec *Record) {
 		if f[0]&resFlagReqID != 0 {
 			v.HasReqID = true
 			copy(v.ReqID[:], r.bytes(16, "reservation request id"))
-			l := r.uvarint("request_id length")
-			if l > 128 {
-				r.fail("request_id length")
-				return
-			}
-			v.RequestID = string(r.bytes(l, "request_id"))
-		}
-		nr := r.uvarint("rooms")
-		if r.err == nil && nr > 64 {
-			r.fail("reservation rooms")
-		}
-		for j := uint64(0); j < nr && r.err == nil; j++ {
-			v.Room = append(v.Room, r.varint("room"))
-		}
-		nd := r.uvarint("dimensions")
-		if r.err == nil && nd > policies.MaxDims {
-			r.fail("reservation dimensions")
-		}
-		if r.err != nil {
-			return
-		}
-		dims := make([]policies.Dim, 0, nd)
-		for j := uint64(0); j < nd && r.err == nil; j++ {
-			name := string(r.bytes(r.uvarint("dimension name length"), "dimension name"))
-			value := string(r.bytes(r.uvarint("dimension value length"), "dimension value"))
-			dims = append(dims, policies.Dim{Name: name, Value: value})
-		}
-		if r.err != nil {
-			return
-		}
-		if nd > 0 {
-			d, err := policies.NewDescriptor(dims)
-			if err != nil {
-				r.fail("reservation descriptor: " + err.Error())
-				return
-			}
-			v.Desc = d
 		}
 		if f[0]&resFlagEnded != 0 {
 			o := r.bytes(1, "reservation outcome")
 			v.Settled = r.varint("reservation settled")
-			v.Returned = r.varint("reservation returned")
 			v.EndedAt = r.varint("reservation end")
 			if r.err != nil {
 				return
 			}
 			v.Outcome = Outcome(o[0])
-			if v.Outcome < Settled || v.Outcome > Expired || v.Settled < 0 || v.Returned < 0 || v.Settled+v.Returned != v.Units {
+			v.Returned = v.Units - v.Settled
+			if v.Outcome < Settled || v.Outcome > Expired || v.Settled < 0 || v.Returned < 0 {
 				r.fail("invalid reservation ending")
 				return
+			}
+		} else {
+			if v.HasReqID {
+				l := r.uvarint("request_id length")
+				if l > 128 {
+					r.fail("request_id length")
+					return
+				}
+				v.RequestID = string(r.bytes(l, "request_id"))
+			}
+			nr := r.uvarint("rooms")
+			if r.err == nil && nr > 64 {
+				r.fail("reservation rooms")
+			}
+			for j := uint64(0); j < nr && r.err == nil; j++ {
+				e := r.uvarint("room")
+				switch {
+				case e == 0:
+					v.Room = append(v.Room, noRoom)
+				case e-1 < noRoom:
+					v.Room = append(v.Room, int64(e-1))
+				default:
+					r.fail("room")
+				}
+			}
+			nd := r.uvarint("dimensions")
+			if r.err == nil && nd > policies.MaxDims {
+				r.fail("reservation dimensions")
+			}
+			if r.err != nil {
+				return
+			}
+			dims := make([]policies.Dim, 0, nd)
+			for j := uint64(0); j < nd && r.err == nil; j++ {
+				name := string(r.bytes(r.uvarint("dimension name length"), "dimension name"))
+				value := string(r.bytes(r.uvarint("dimension value length"), "dimension value"))
+				dims = append(dims, policies.Dim{Name: name, Value: value})
+			}
+			if r.err != nil {
+				return
+			}
+			if nd > 0 {
+				d, err := policies.NewDescriptor(dims)
+				if err != nil {
+					r.fail("reservation descriptor: " + err.Error())
+					return
+				}
+				v.Desc = d
 			}
 		}
 		if v.Seq == 0 || v.Seq > rec.ResSeq || v.Seq <= last || v.Units <= 0 || v.Expires < v.At {

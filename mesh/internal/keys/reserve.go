@@ -103,40 +103,75 @@ func (o *owner) probe(rec *keyrec.Record, p *policies.Policy, limits []kvstate.L
 }
 
 // expireReservations ends rec's open reservations whose expiry is at or
-// before now (their units stay spent) and forgets ended ones older than
-// keyrec.DedupeWindow, keeping at most keyrec.MaxReservations of them.
+// before now (their units stay spent) and forgets the ended ones past
+// their memory (keyrec.EndedWindow and keyrec.MaxEnded; with a
+// request_id, keyrec.DedupeWindow and keyrec.MaxDedupeEntries). It
+// allocates nothing and changes nothing when nothing is due.
 func (o *owner) expireReservations(rec *keyrec.Record, op *ResOp, p *policies.Policy, now int64) bool {
-	changed := false
-	ended := 0
+	due := false
+	var ended [2]int // without, with a request_id
 	for i := range rec.Reservations {
 		v := &rec.Reservations[i]
-		if v.Outcome == keyrec.Open && v.Expires <= now {
-			o.end(rec, v, op, keyrec.Expired, v.Units, now)
-			changed = true
-		}
-		if v.Outcome != keyrec.Open {
-			ended++
+		switch {
+		case v.Outcome == keyrec.Open:
+			due = due || v.Expires <= now
+		case now-v.EndedAt >= endedWindow(v):
+			due = true
+		default:
+			ended[b2i(v.HasReqID)]++
 		}
 	}
-	drop := max(ended-keyrec.MaxReservations, 0)
-	kept := rec.Reservations[:0:0]
-	for _, v := range rec.Reservations {
-		if v.Outcome != keyrec.Open && (now-v.EndedAt >= keyrec.DedupeWindow || drop > 0) {
-			if now-v.EndedAt < keyrec.DedupeWindow {
-				drop--
+	if !due && ended[0] <= keyrec.MaxEnded && ended[1] <= keyrec.MaxDedupeEntries {
+		return false
+	}
+	rs := rec.Reservations
+	ended = [2]int{}
+	for i := range rs {
+		v := &rs[i]
+		if v.Outcome == keyrec.Open && v.Expires <= now {
+			o.end(rec, v, op, keyrec.Expired, v.Units, now)
+		}
+		if v.Outcome != keyrec.Open && now-v.EndedAt < endedWindow(v) {
+			ended[b2i(v.HasReqID)]++
+		}
+	}
+	// The oldest (by seq) past the caps go first.
+	drop := [2]int{max(ended[0]-keyrec.MaxEnded, 0), max(ended[1]-keyrec.MaxDedupeEntries, 0)}
+	kept := rs[:0]
+	for _, v := range rs {
+		if v.Outcome != keyrec.Open {
+			c := b2i(v.HasReqID)
+			if now-v.EndedAt >= endedWindow(&v) {
+				continue
 			}
-			changed = true
-			continue
+			if drop[c] > 0 {
+				drop[c]--
+				continue
+			}
 		}
 		kept = append(kept, v)
 	}
-	if changed {
-		if len(kept) == 0 {
-			kept = nil
-		}
-		rec.Reservations = kept
+	clear(rs[len(kept):])
+	if len(kept) == 0 {
+		kept = nil
 	}
-	return changed
+	rec.Reservations = kept
+	return true
+}
+
+// endedWindow is how long ended reservation v is remembered.
+func endedWindow(v *keyrec.Reservation) int64 {
+	if v.HasReqID {
+		return keyrec.DedupeWindow
+	}
+	return keyrec.EndedWindow
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // end ends reservation v of rec at now with outcome, settled units staying
@@ -145,10 +180,16 @@ func (o *owner) expireReservations(rec *keyrec.Record, op *ResOp, p *policies.Po
 func (o *owner) end(rec *keyrec.Record, v *keyrec.Reservation, op *ResOp, outcome keyrec.Outcome, settled, now int64) {
 	v.Outcome, v.Settled, v.Returned, v.EndedAt = outcome, settled, v.Units-settled, now
 	op.Ended[outcome]++
-	o.usage = append(o.usage, keyrec.Usage{At: now, Revision: v.Revision, Cost: settled, Desc: v.Desc,
+	desc := v.Desc
+	if desc == nil {
+		desc, _ = policies.DescriptorOfKey(op.Key, rec.Policy)
+	}
+	o.usage = append(o.usage, keyrec.Usage{At: now, Revision: v.Revision, Cost: settled, Desc: desc,
 		RequestID: v.RequestID, Reservation: keyrec.ReservationID(op.Key, v.Seq, v.Nonce)})
 	o.usageAsync = append(o.usageAsync, false)
 	o.usagePolicy = rec.Policy
+	// Remembered for its first outcome only (keyrec stores no more).
+	v.RequestID, v.Desc, v.Room = "", nil, nil
 }
 
 // reserve decides a reserve call.
@@ -181,7 +222,10 @@ func (o *owner) reserve(rec *keyrec.Record, c *Call, p *policies.Policy, limits 
 	}
 	seq := max(rec.ResSeq+1, uint64(max(now, 0))/uint64(time.Millisecond))
 	v := keyrec.Reservation{Seq: seq, Nonce: op.Nonce, Units: c.Cost, Revision: p.Revision, At: now,
-		Expires: now + ttl, HasReqID: c.HasID, ReqID: c.ID, RequestID: c.RequestID, Desc: c.Desc, Room: room}
+		Expires: now + ttl, HasReqID: c.HasID, ReqID: c.ID, RequestID: c.RequestID, Room: room}
+	if c.Desc != nil && !policies.KeyCarries(op.Key, p.Name, c.Desc) {
+		v.Desc = c.Desc // else the key carries it (end)
+	}
 	kd, states := kvstate.DecideAllHold(limits, rec.States, now, c.Cost,
 		kvstate.HoldSpec{ID: v.HoldID(), Expires: v.Expires}, o.spare)
 	o.denying = !kd.Allowed
@@ -201,8 +245,7 @@ func (o *owner) reserve(rec *keyrec.Record, c *Call, p *policies.Policy, limits 
 	o.noteDebit(rec, limits, now)
 	rec.States, o.spare = states, rec.States
 	rec.ResSeq = seq
-	// Copy on write: a record shared with a pending write stays intact.
-	rec.Reservations = append(rec.Reservations[:len(rec.Reservations):len(rec.Reservations)], v)
+	rec.Reservations = append(rec.Reservations, v)
 	op.Res = v
 	return true
 }
@@ -221,9 +264,7 @@ func (o *owner) endOrRenew(rec *keyrec.Record, c *Call, p *policies.Policy, limi
 		c.Out = o.probe(rec, p, limits, now)
 		return false
 	}
-	// Copy on write, as above.
-	rec.Reservations = append([]keyrec.Reservation(nil), rec.Reservations...)
-	v, _ = rec.Reservation(op.Seq)
+	// In place: rec is the owner's own record (writes carry its encoding).
 	hold := v.HoldID()
 	states := append([]kvstate.State(nil), rec.States...)
 	if op.Kind == ResRenew {
@@ -290,28 +331,17 @@ func (o *owner) noteDebit(rec *keyrec.Record, limits []kvstate.Limit, now int64)
 	if len(rec.Reservations) == 0 {
 		return
 	}
-	copied := false
 	for i, l := range limits {
 		if !l.Algorithm.Bucket() || i >= len(rec.States) {
 			continue
 		}
 		h := kvstate.Headroom(l, rec.States[i], now)
 		for j := range rec.Reservations {
-			v := &rec.Reservations[j]
-			if v.Outcome != keyrec.Open || i >= len(v.Room) || v.Room[i] <= h {
-				continue
+			// In place: rec is the owner's own record (writes carry its
+			// encoding), and a reservation's rooms are its own.
+			if v := &rec.Reservations[j]; v.Outcome == keyrec.Open && i < len(v.Room) && v.Room[i] > h {
+				v.Room[i] = h
 			}
-			if !copied {
-				// Copy on write: a record shared with a pending write
-				// stays intact.
-				rec.Reservations = append([]keyrec.Reservation(nil), rec.Reservations...)
-				for k := range rec.Reservations {
-					rec.Reservations[k].Room = append([]int64(nil), rec.Reservations[k].Room...)
-				}
-				copied = true
-				v = &rec.Reservations[j]
-			}
-			v.Room[i] = h
 		}
 	}
 }

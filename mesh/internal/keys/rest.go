@@ -45,7 +45,7 @@ func recordRestAt(p *policies.Policy, rec *keyrec.Record) int64 {
 		if v.Outcome == keyrec.Open {
 			at = max(at, satAdd(v.Expires, reservationRestMargin))
 		} else {
-			at = max(at, satAdd(v.EndedAt, keyrec.DedupeWindow))
+			at = max(at, satAdd(v.EndedAt, endedWindow(v)))
 		}
 	}
 	if at == 0 {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
@@ -22,7 +23,9 @@ import (
 //	    deadline's slack) over any span;
 //	M5  after the faults end, every partition gets exactly one owner and
 //	    every key is decided again, from a record holding every admission;
-//	U1-U3 (usage.go) the usage the journal offers reaches the ledger once.
+//	U1-U3 (usage.go) the usage the journal offers reaches the ledger once;
+//	R1-R4 (rescheck.go) reservations are never forgotten, end once, hold
+//	    no limit beyond its capacity and give back what expires.
 
 // checker holds what the checks need and the first violation.
 type checker struct {
@@ -30,24 +33,36 @@ type checker struct {
 	err error
 
 	calls, unavailable, lost, errs, admitted, denied int
-	counts                                           map[string]map[int64]bool // count key -> counts admitted
-	rates                                            map[string][]int64        // rate key -> global instants of admissions
-	owner                                            []*node                   // scratch of step: the node serving each partition
+	counts                                           map[string]map[int64]bool  // count key -> counts admitted
+	rates                                            map[string][]rateAdmission // rate key -> admissions
+	owner                                            []*node                    // scratch of step: the node serving each partition
 	// the calls clients were told were admitted and denied (U2, U3)
 	admittedIDs, deniedIDs map[string]bool
+	violations             []error // the first ones found during the run (fail)
 }
 
 func newChecker(s *Sim) *checker {
-	return &checker{s: s, counts: map[string]map[int64]bool{}, rates: map[string][]int64{},
+	return &checker{s: s, counts: map[string]map[int64]bool{}, rates: map[string][]rateAdmission{},
 		owner: make([]*node, s.cfg.Parts), admittedIDs: map[string]bool{}, deniedIDs: map[string]bool{}}
 }
 
+// fail records a violation: the first is err; the first ten are kept,
+// and the run goes on, so a run shows every invariant it breaks, not only
+// the first (sim_test.go's knownBugs needs them all).
 func (c *checker) fail(format string, a ...any) {
+	if len(c.violations) == maxViolations {
+		return
+	}
+	err := fmt.Errorf("at %.6fs: %s", float64(c.s.s.now)/1e9, fmt.Sprintf(format, a...))
+	c.s.logf("VIOLATION: %v", err)
+	c.violations = append(c.violations, err)
 	if c.err == nil {
-		c.err = fmt.Errorf("at %.6fs: %s", float64(c.s.s.now)/1e9, fmt.Sprintf(format, a...))
-		c.s.logf("VIOLATION: %v", c.err)
+		c.err = err
 	}
 }
+
+// maxViolations is how many violations a run keeps.
+const maxViolations = 10
 
 // step checks M1 and M2 after an event.
 func (c *checker) step() {
@@ -110,23 +125,53 @@ func (c *checker) outcome(cc *clientCall, n *node, kc *keys.Call) {
 		}
 		return
 	}
-	// A rate key: over any span [a, b] of admissions (their global
-	// instants), at most burst + rate × (b − a + slack) where the owners'
-	// clocks decide: the slack is a decision's deadline (an admission is
-	// decided before it is answered) and twice the largest clock offset,
-	// and the span is stretched by the clocks' largest rate errors (a new
-	// owner whose clock is ahead refills more, CONTRACT: at most skew ×
-	// rate).
+	c.admitRate(k, kvstate.Unit, nil, n)
+}
+
+// rateAdmission is an admission of a rate key: its answer's global
+// instant and its cost (micro-units), or the reservation it made.
+type rateAdmission struct {
+	at   int64
+	cost int64
+	r    *simRes
+}
+
+// admitRate records an admission of rate key k answered now by n, a
+// decide's of cost or reservation r's (nil: none), and checks M4 and R3:
+// over any span [a, b] of admissions (their global instants), at most
+// burst + rate × (b − a + slack) units where the owners' clocks decide.
+// The slack is a decision's deadline (an admission is decided before it is
+// answered) and twice the largest clock offset, and the span is stretched
+// by the clocks' largest rate errors (a new owner whose clock is ahead
+// refills more, CONTRACT: at most skew × rate). A reservation counts at
+// what it keeps as far as the answers tell (R3): its reserved units while
+// open or once expired, what its settle kept once it ended, and at least
+// what its settle or release asks once one is sent (its outcome may be
+// unknown).
+func (c *checker) admitRate(k *simKey, cost int64, r *simRes, n *node) {
+	s := c.s
 	t := s.s.now
-	ts := append(c.rates[k.name], t)
+	ts := append(c.rates[k.name], rateAdmission{t, cost, r})
 	c.rates[k.name] = ts
 	slack := int64(s.cfg.Timeout) + 2*maxOffset
-	for i, a := range ts {
-		admitted := int64(len(ts) - i)
+	var admitted int64
+	reserved := false // the span holds a reservation
+	for i := len(ts) - 1; i >= 0; i-- {
+		a := ts[i].at
+		if r := ts[i].r; r != nil {
+			admitted += r.kept()
+			reserved = true
+		} else {
+			admitted += ts[i].cost
+		}
 		span := (t - a) + (t-a)*2*maxDrift/1_000_000 + slack
-		allowed := int64(rateBurst) + span*ratePerSec/1e9 + 1
+		allowed := (int64(rateBurst) + span*ratePerSec/1e9 + 1) * kvstate.Unit
 		if admitted > allowed {
-			c.fail("M4: %s admitted %d in %.3fs, allowed %d", k.name, admitted, float64(t-a)/1e9, allowed)
+			what := "M4"
+			if reserved {
+				what = "M4 (R3)"
+			}
+			c.fail("%s: %s admitted %s in %.3fs (by %s), allowed %s", what, k.name, fmtUnits(admitted), float64(t-a)/1e9, n.id, fmtUnits(allowed))
 			return
 		}
 	}
@@ -151,8 +196,8 @@ func (c *checker) final() error {
 					states = append(states, n.id+": "+n.m.Owner.Describe(p))
 				}
 			}
-			return fmt.Errorf("M5: %.3fs after the faults ended, partition %d has %d owners:\n%s",
-				s.cfg.Settle.Seconds(), p, owners, strings.Join(states, "\n"))
+			return errors.Join(append(c.violations, fmt.Errorf("M5: %.3fs after the faults ended, partition %d has %d owners:\n%s",
+				s.cfg.Settle.Seconds(), p, owners, strings.Join(states, "\n")))...)
 		}
 	}
 	var errs []error
@@ -178,19 +223,31 @@ func (c *checker) final() error {
 			errs = append(errs, fmt.Errorf("M3: %s holds count %d, but count %d was admitted: admissions forgotten", k.name, count, highest))
 		}
 	}
-	if c.err != nil {
-		return c.err
+	if !s.cfg.NoReservations {
+		// R4: the clients done and every reservation expired and swept
+		// (the faults are over), the usage stream holds every end.
+		limit := s.s.now + int64(10*time.Second)
+		for s.res.active > 0 || s.res.quietAt() > s.s.now {
+			if s.s.now >= limit {
+				errs = append(errs, fmt.Errorf("sim: %d reserving clients still active 10s after the run", s.res.active))
+				break
+			}
+			s.s.runUntil(min(max(s.res.quietAt(), s.s.now+int64(s.cfg.Lease)), limit))
+		}
 	}
-	if err := s.usage.check(c.admittedIDs, c.deniedIDs); err != nil {
+	counted, err := s.usage.check(c.admittedIDs, c.deniedIDs)
+	if err != nil {
 		errs = append(errs, err)
+	} else if !s.cfg.NoReservations {
+		errs = append(errs, s.res.final(counted)...)
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(c.violations, errs...)...)
 }
 
 // Stats summarizes the run's traffic.
 func (c *checker) Stats() string {
-	return fmt.Sprintf("%d calls: %d admitted, %d denied, %d errors, %d unavailable, %d lost with their node",
-		c.calls, c.admitted, c.denied, c.errs, c.unavailable, c.lost)
+	return fmt.Sprintf("%d calls: %d admitted, %d denied, %d errors, %d unavailable, %d lost with their node; %s",
+		c.calls, c.admitted, c.denied, c.errs, c.unavailable, c.lost, c.s.res.Stats())
 }
 
 // anyUp returns the first node that runs.

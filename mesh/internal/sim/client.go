@@ -6,6 +6,7 @@ import (
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
 	"github.com/limitmesh/limitmesh/policies"
 )
@@ -29,13 +30,21 @@ func (s *Sim) clients(end int64) {
 	s.s.after(int64(s.cfg.Lease), nil, next)
 }
 
-// clientCall is one decide request.
+// clientCall is one decide request, or one attempt of a reservation
+// call (res set).
 type clientCall struct {
 	id       string // names the call in its usage record ("" for a probe)
 	k        *simKey
 	deadline int64 // global
 	dryRun   bool
 	done     func(keys.Call) // a final probe's
+	// A reservation call's operation (the owner decides a copy), cost
+	// (micro-units), request_id ("" none), and what the client does with
+	// the answer (n: the node that decided it).
+	res     *keys.ResOp
+	cost    int64
+	reqID   string
+	resDone func(kc *keys.Call, op *keys.ResOp, n *node)
 }
 
 // route decides c on node n if n serves its key's partition, or forwards
@@ -80,10 +89,31 @@ func (s *Sim) submit(c *clientCall, n *node) {
 	if c.id != "" {
 		call.Desc = policies.Descriptor{{Name: "call", Value: c.id}}
 	}
+	var op *keys.ResOp
+	if c.res != nil {
+		// As the service submits one (service/reserve.go): its key, the
+		// cost and request_id of a reserve.
+		o := *c.res
+		o.Key = c.k.name
+		op, call.Res = &o, &o
+		if c.cost > 0 {
+			call.Cost = c.cost
+		}
+		if c.reqID != "" {
+			call.ID, call.HasID, call.RequestID = keyrec.IDHash(c.reqID), true, c.reqID
+		}
+	}
 	call.Done = finisher(func(kc *keys.Call) {
 		slot.Inflight.Add(-1)
 		if errors.Is(kc.Err, fail.ErrFenced) && s.s.now < c.deadline {
 			s.route(c, n) // the partition moved while deciding: the new owner decides
+			return
+		}
+		if op != nil {
+			if kc.Err == nil && !op.NotFound {
+				n.track(c.k, op.Open, op.Next) // as the service's reply does (sweep.go)
+			}
+			c.resDone(kc, op, n)
 			return
 		}
 		if c.done != nil {

@@ -46,10 +46,17 @@ type node struct {
 	m     *member.Member
 	watch []func() // watch deliveries held while cut
 	wnext int64    // global instant of the last watch delivery scheduled
+	// open: the keys with open reservations this incarnation owns, for
+	// its expiry sweeps (sweep.go).
+	open map[string]*openKey
 }
 
 // local converts a global instant to the node's clock (ns since the start).
 func (n *node) local(g int64) int64 { return g + g*n.drift/1_000_000 }
+
+// wallAt is the node's wall clock (ns, Unix) at global instant g: what
+// nodeRT.Now reads then.
+func (n *node) wallAt(g int64) int64 { return epoch + n.offset + n.local(g) }
 
 // global converts a duration on the node's clock to global ns.
 func (n *node) global(d int64) int64 { return d * 1_000_000 / (1_000_000 + n.drift) }
@@ -96,6 +103,7 @@ func (n *node) start() {
 	n.stalled = false
 	n.stale = nil
 	n.watch = nil
+	n.open = nil
 	rtm := nodeRT{n}
 	rt := route.New("rl", s.cfg.Parts, rtm, rtm.Now())
 	var m *member.Member
@@ -161,6 +169,9 @@ func (n *node) start() {
 		rtm.AfterFunc(s.cfg.Lease, sweep)
 	}
 	rtm.AfterFunc(s.cfg.Lease, sweep)
+	if !s.cfg.NoReservations {
+		n.startSweeps()
+	}
 }
 
 // snapshot delivers what a new watch does: every entry's latest revision,

@@ -27,6 +27,11 @@ type Config struct {
 	Faults     bool          // crashes, cuts, stale leaders, elections, watch lag, clock errors
 	Limit      int           // the count policy's limit (25)
 	Debug      bool          // the nodes' debug logs go into the trace
+	// Reserve is the rate of reservations (reserve requests per simulated
+	// second, over all nodes, 16); NoReservations turns them off (the
+	// schedules of the seeds kept from before reservations).
+	Reserve        float64
+	NoReservations bool
 }
 
 // Defaults fills in unset fields.
@@ -53,6 +58,9 @@ func (c Config) Defaults() Config {
 	if c.Limit == 0 {
 		c.Limit = 25
 	}
+	if c.Reserve == 0 {
+		c.Reserve = 16
+	}
 	return c
 }
 
@@ -66,10 +74,12 @@ type Sim struct {
 	journal  *stream // RL_JOURNAL
 	watchers []*node
 	policies *policyset.Set
-	keys     []*simKey
-	faulty   bool // faults may be injected now
+	keys     []*simKey // the keys decide clients spend (count and rate)
+	resKeys  []*simKey // the keys reserving clients hold (rate and conc)
+	faulty   bool      // faults may be injected now
 	trace    []string
 	check    *checker
+	res      *resChecker
 	usage    *usageModel
 	// claims[p][rev] is the node whose claim of partition p landed at
 	// revision rev (the epoch it serves in).
@@ -82,17 +92,24 @@ type simKey struct {
 	part  int
 	p     *policies.Policy
 	desc  policies.Descriptor
-	count bool // the count policy (fixed_window); else the rate policy (token_bucket)
+	count bool // the count policy (fixed_window)
+	conc  bool // the conc policy (concurrency: reserved only); neither: the rate policy (token_bucket)
+	// resEnd is the global instant its reserving clients stop (resclient.go).
+	resEnd int64
 }
 
 // The policies of a run: "count", a fixed window far longer than the run
 // (so the state only grows: the count a decision reports is the number of
-// admissions so far), and "rate", a token bucket.
+// admissions so far), "rate", a token bucket (decided and reserved), and
+// "conc", a concurrency limit (reserved only; no window: a hold lasts as
+// long as its reservation).
 const (
 	countPolicy = `{"match":{"kind":"count"},"key":["k"],"limits":[{"algorithm":"fixed_window","limit":%d,"window":"10000h"}]}`
 	ratePolicy  = `{"match":{"kind":"rate"},"key":["k"],"limits":[{"algorithm":"token_bucket","rate":"5/s","burst":10}]}`
+	concPolicy  = `{"match":{"kind":"conc"},"key":["k"],"limits":[{"algorithm":"concurrency","limit":3}]}`
 	rateBurst   = 10
 	ratePerSec  = 5
+	concLimit   = 3
 )
 
 // Clock errors of the nodes with faults: rate (ppm) and offset (ns). The
@@ -113,14 +130,14 @@ func New(cfg Config) (*Sim, error) {
 	for p := range s.claims {
 		s.claims[p] = map[uint64]string{}
 	}
-	for i, doc := range []string{fmt.Sprintf(countPolicy, cfg.Limit), ratePolicy} {
-		name := []string{"count", "rate"}[i]
+	for i, doc := range []string{fmt.Sprintf(countPolicy, cfg.Limit), ratePolicy, concPolicy} {
+		name := []string{"count", "rate", "conc"}[i]
 		p, err := policyset.Parse(name, []byte(doc), uint64(i+1))
 		if err != nil {
 			return nil, err
 		}
 		s.policies.Put(p, epoch)
-		for k := range 3 {
+		for k := range []int{3, 3, 2}[i] { // keys of the policy
 			d, err := policies.NewDescriptor([]policies.Dim{{Name: "k", Value: strconv.Itoa(k)}, {Name: "kind", Value: name}})
 			if err != nil {
 				return nil, err
@@ -129,10 +146,17 @@ func New(cfg Config) (*Sim, error) {
 			if err != nil {
 				return nil, err
 			}
-			s.keys = append(s.keys, &simKey{name: key, part: ownership.PartitionOf(key, cfg.Parts), p: p, desc: d, count: i == 0})
+			sk := &simKey{name: key, part: ownership.PartitionOf(key, cfg.Parts), p: p, desc: d, count: i == 0, conc: i == 2}
+			if i < 2 {
+				s.keys = append(s.keys, sk)
+			}
+			if i > 0 {
+				s.resKeys = append(s.resKeys, sk)
+			}
 		}
 	}
 	s.check = newChecker(s)
+	s.res = newResChecker(s)
 	s.usage = &usageModel{}
 	s.s.onStep = s.check.step
 	for i := range cfg.Nodes {
@@ -173,6 +197,9 @@ func (s *Sim) Run() error {
 		})
 	}
 	s.clients(int64(cfg.Duration + cfg.Settle - cfg.Lease))
+	if !cfg.NoReservations {
+		s.reservers()
+	}
 	if cfg.Faults {
 		s.faulty = true
 		s.s.after(2*lease, nil, s.fault)
@@ -182,9 +209,6 @@ func (s *Sim) Run() error {
 	// A node that was stopping when the faults ended comes back within
 	// 3 leases; the mesh then converges within the rest of the settle time.
 	s.s.runUntil(end + int64(cfg.Settle))
-	if err := s.check.err; err != nil {
-		return err
-	}
 	return s.check.final()
 }
 
@@ -224,6 +248,7 @@ func (s *Sim) writeShard(key string, val []byte, deleted bool) uint64 {
 
 // appendJournal appends a message to the journal stream.
 func (s *Sim) appendJournal(subj string, data []byte) uint64 {
+	s.res.journalled(data)
 	return s.journal.add(subj, data, false)
 }
 

@@ -52,6 +52,11 @@ type usageRec struct {
 	pub    string // the publisher: <node>.<boot> of the incarnation that published it
 	policy string
 	rec    usage.Record
+	// As decoded from the stream: the record's key, cost (micro-units)
+	// and the reservation it ends ("" none).
+	key  string
+	cost int64
+	res  string
 }
 
 // usageModel is the usage stream of a run.
@@ -93,12 +98,14 @@ func (u *simUsage) Add(node, boot string, seq uint64, idx uint32, key string, re
 func (u *simUsage) Sync(done func(error)) { nodeRT{u.n}.Go(func() { done(nil) }) }
 
 // check applies the ledger's rule to the stream and checks U1-U3 against
-// the calls clients were told were admitted and denied.
-func (m *usageModel) check(admitted, denied map[string]bool) error {
+// the calls clients were told were admitted and denied; it returns the
+// records the ledger counted.
+func (m *usageModel) check(admitted, denied map[string]bool) ([]usageRec, error) {
 	stream, err := m.messages()
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var out []usageRec
 	type id struct {
 		origin string
 		pos    usagePos
@@ -106,31 +113,39 @@ func (m *usageModel) check(admitted, denied map[string]bool) error {
 	marks := map[string]usagePos{}
 	counted := map[id]bool{}
 	times := map[string]int{}
+	first := map[string]usageRec{} // per call, its first counted record
 	for _, r := range stream {
 		k := id{r.origin, r.pos}
 		if w, ok := marks[r.origin]; ok && !w.less(r.pos) {
 			if !counted[k] {
-				return fmt.Errorf("U1: record %s.j%d.%d (call %s) published after a later record of its origin was counted: in the stream, never in the ledger",
+				return nil, fmt.Errorf("U1: record %s.j%d.%d (call %s) published after a later record of its origin was counted: in the stream, never in the ledger",
 					r.origin, r.pos.seq, r.pos.idx, r.call)
 			}
 			continue
 		}
 		marks[r.origin] = r.pos
 		counted[k] = true
+		out = append(out, r)
 		times[r.call]++
 		if times[r.call] > 1 {
-			return fmt.Errorf("U3: call %s counted twice (the second at %s.j%d.%d)", r.call, r.origin, r.pos.seq, r.pos.idx)
+			if f := first[r.call]; r.res != "" && f.res == r.res {
+				// rescheck.go: a reservation ends once.
+				return nil, fmt.Errorf("R2: reservation %s (call %s) ended twice: counted at %s.j%d.%d and %s.j%d.%d (U3)",
+					r.res, r.call, f.origin, f.pos.seq, f.pos.idx, r.origin, r.pos.seq, r.pos.idx)
+			}
+			return nil, fmt.Errorf("U3: call %s counted twice (the second at %s.j%d.%d)", r.call, r.origin, r.pos.seq, r.pos.idx)
 		}
+		first[r.call] = r
 		if denied[r.call] {
-			return fmt.Errorf("U3: call %s counted (%s.j%d.%d), but its client was told it was denied", r.call, r.origin, r.pos.seq, r.pos.idx)
+			return nil, fmt.Errorf("U3: call %s counted (%s.j%d.%d), but its client was told it was denied", r.call, r.origin, r.pos.seq, r.pos.idx)
 		}
 	}
 	for call := range admitted {
 		if times[call] == 0 {
-			return fmt.Errorf("U2: call %s was admitted but is not in the ledger", call)
+			return nil, fmt.Errorf("U2: call %s was admitted but is not in the ledger", call)
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // callID names client call n in its descriptor.
@@ -171,7 +186,8 @@ func (m *usageModel) messages() ([]usageRec, error) {
 				return nil, fmt.Errorf("U1: record %d decoded with id %q, not a journalled id", start+i, b.Records[i].ID)
 			}
 			call, _ := b.Records[i].Descriptor.Get("call")
-			out = append(out, usageRec{origin: origin, pos: usagePos{pos.JSeq, pos.Idx}, call: call})
+			out = append(out, usageRec{origin: origin, pos: usagePos{pos.JSeq, pos.Idx}, call: call,
+				key: b.Records[i].Key, cost: b.Records[i].Cost, res: b.Records[i].Reservation})
 		}
 		start = end
 	}

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -116,6 +117,10 @@ type benchConfig struct {
 	maxKeys      int64        // the policy's max_keys; 0: none (the default)
 	flood        floodConfig  // bench_flood.go
 	res          reserveFlags // --mode reserve and concurrency (bench_reserve.go)
+	rls          rlsConfig    // --rls (bench_rls.go)
+	// onNode is called by startBenchNode once its node runs (--rls
+	// embedded: the node's bridge); the function it returns undoes it.
+	onNode func(*mesh.Embedded, *mesh.Node, *slog.Logger) (func(), error)
 	// Leased mode (bench_leased.go).
 	holders int
 	regions int
@@ -148,6 +153,7 @@ func benchFlags(s stdio) (*benchConfig, func([]string) error) {
 	fs.Int64Var(&c.maxKeys, "max-keys", 0, "max_keys of the bench policy: live keys per node beyond which new keys share one overflow key (0: the default)")
 	c.flood.register(fs)
 	c.res.register(fs)
+	c.rls.register(fs)
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the decide phase (this process: the embedded node too) to `file`; "+
 		"pprof cannot pause, so with --rounds > 1 it also covers the echo slices between the first and the last decide slice")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write a heap profile (this process: the embedded node too) to `file` at the end of the decide phase")
@@ -260,6 +266,9 @@ func (c *benchConfig) validate() error {
 	if c.maxKeys < 0 {
 		return fmt.Errorf("--max-keys %d: must be positive (0: the default)", c.maxKeys)
 	}
+	if err := c.rls.validate(c); err != nil {
+		return err
+	}
 	return c.flood.validate()
 }
 
@@ -351,6 +360,9 @@ func runBench(ctx context.Context, args []string, s stdio) error {
 	}
 	if c.mode == "leased" {
 		return runLeasedBench(ctx, c, plan, dist, s, progress)
+	}
+	if c.rls.addr != "" {
+		return runRLSBench(ctx, c, plan, dist, s, progress)
 	}
 
 	var (

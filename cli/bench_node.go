@@ -79,6 +79,14 @@ func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (_ *mes
 		defer cancel()
 		_ = node.Stop(sctx)
 	})
+	if c.onNode != nil {
+		undoHook, err := c.onNode(emb, node, log)
+		if err != nil {
+			stop()
+			return nil, "", nil, err
+		}
+		undo = append(undo, undoHook)
+	}
 	if isReserveMode(c.mode) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

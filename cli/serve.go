@@ -419,7 +419,7 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 	}
 	var bridge *envoyBridge
 	if el != nil {
-		if bridge, err = startEnvoy(el, connect, node, c, reg, log); err != nil {
+		if bridge, err = startEnvoy(el, connect, node, c.prefix, c.decisionTimeout, reg, log); err != nil {
 			stopCtx, cancel := context.WithTimeout(context.Background(), c.drainTimeout)
 			_ = node.Stop(stopCtx)
 			cancel()

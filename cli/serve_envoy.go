@@ -25,18 +25,19 @@ type envoyBridge struct {
 	done chan error
 }
 
-// startEnvoy serves the bridge on l (already bound) for node; connect
-// opens its NATS connection.
+// startEnvoy serves the bridge on l (already bound) for node, whose subject
+// prefix and decision timeout are prefix and decision; connect opens its
+// NATS connection. `limitmesh serve` and `bench --rls embedded` run it.
 func startEnvoy(l net.Listener, connect func(name string) (*nats.Conn, error), node *mesh.Node,
-	c *serveConfig, reg prometheus.Registerer, log *slog.Logger) (*envoyBridge, error) {
+	prefix string, decision time.Duration, reg prometheus.Registerer, log *slog.Logger) (*envoyBridge, error) {
 	nc, err := connect("limitmesh-envoy")
 	if err != nil {
 		return nil, fmt.Errorf("--envoy-listen: %v", err)
 	}
 	srv, err := envoy.New(envoy.Config{
 		Conn:     nc,
-		Prefix:   c.prefix,
-		Timeout:  envoyTimeout(c.decisionTimeout),
+		Prefix:   prefix,
+		Timeout:  envoyTimeout(decision),
 		Policy:   node.Policy,
 		Ready:    node.Ready,
 		Registry: reg,

@@ -16,9 +16,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/limitmesh/limitmesh/mesh"
@@ -222,6 +226,70 @@ func TestEnvoyStatuses(t *testing.T) {
 	defer cancel()
 	if _, err := b.rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge"}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("no descriptors: %v, want InvalidArgument", err)
+	}
+}
+
+// rawCodec sends a request's bytes as they are (so that they may hold
+// what proto.Marshal refuses, as a C++ sender's may) and decodes replies
+// with the proto codec.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*[]byte))}, nil
+}
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return encoding.GetCodecV2(grpcproto.Name).Unmarshal(data, v)
+}
+
+// TestEnvoyInvalidUTF8: a request whose strings hold invalid UTF-8 (which
+// Go's protobuf refuses, and Envoy may send) is answered per descriptor:
+// the descriptor with the invalid value is refused (OVER_LIMIT, no
+// limit), the others decided; an invalid domain refuses every descriptor.
+func TestEnvoyInvalidUTF8(t *testing.T) {
+	_, _, b := envoyNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	call := func(raw []byte) *rlsv3.RateLimitResponse {
+		t.Helper()
+		var resp rlsv3.RateLimitResponse
+		if err := b.conn.Invoke(ctx, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &raw, &resp,
+			grpc.ForceCodecV2(rawCodec{})); err != nil {
+			t.Fatalf("ShouldRateLimit: %v", err)
+		}
+		return &resp
+	}
+	entry := func(k, v string) []byte {
+		var e []byte
+		e = protowire.AppendTag(e, 1, protowire.BytesType)
+		e = protowire.AppendString(e, k)
+		e = protowire.AppendTag(e, 2, protowire.BytesType)
+		e = protowire.AppendString(e, v)
+		var d []byte
+		d = protowire.AppendTag(d, 1, protowire.BytesType)
+		return protowire.AppendBytes(d, e)
+	}
+	request := func(domain string, descs ...[]byte) []byte {
+		var r []byte
+		r = protowire.AppendTag(r, 1, protowire.BytesType)
+		r = protowire.AppendString(r, domain)
+		for _, d := range descs {
+			r = protowire.AppendTag(r, 2, protowire.BytesType)
+			r = protowire.AppendBytes(r, d)
+		}
+		return r
+	}
+	resp := call(request("edge", entry("remote_address", "10.3.0.1\xff"), entry("remote_address", "10.3.0.2"), entry("X-\xffId", "u1")))
+	var got []string
+	for _, s := range resp.Statuses {
+		got = append(got, statusString(s))
+	}
+	if want := "OVER_LIMIT; OK 1/DAY remaining 2 reset; OK"; resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || strings.Join(got, "; ") != want {
+		t.Errorf("invalid value: %v [%s], want OVER_LIMIT [%s]", resp.OverallCode, strings.Join(got, "; "), want)
+	}
+	resp = call(request("edge\xfe", entry("remote_address", "10.3.0.3")))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].CurrentLimit != nil {
+		t.Errorf("invalid domain: %v", resp)
 	}
 }
 

@@ -117,7 +117,7 @@ func New(cfg Config) (*Server, error) {
 	if s.m, err = newMetrics(cfg.Registry); err != nil {
 		return nil, fmt.Errorf("%w: metrics: %w", ErrConfig, err)
 	}
-	s.grpc = grpc.NewServer(cfg.ServerOptions...)
+	s.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.ForceServerCodecV2(newCodec())}, cfg.ServerOptions...)...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)

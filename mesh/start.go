@@ -211,7 +211,13 @@ func (n *Node) startDecide(ctx, bgctx context.Context, d decideParts) error {
 				ReadCache:          2 * n.cfg.LeaseTime,
 				Boot:               d.boot,
 				Retention:          d.retention,
-				Log:                n.log,
+				// Adopted keys with open reservations are swept here.
+				OnAdopted: func(key string, rec []byte) {
+					if svc := n.svc; svc != nil {
+						svc.NoteRecord(key, rec)
+					}
+				},
+				Log: n.log,
 			},
 			JS:       d.js,
 			Store:    d.store,
@@ -257,8 +263,13 @@ func (n *Node) startDecide(ctx, bgctx context.Context, d decideParts) error {
 			TTL:           n.cfg.StateTTL,
 			AsyncInterval: n.cfg.AsyncInterval,
 			LostUsage:     d.sink.lost,
-			Log:           n.log,
-			Metrics:       km,
+			OnReservations: func(policy, key string, open int, next int64) {
+				if svc := n.svc; svc != nil {
+					svc.NoteReservations(policy, key, open, next)
+				}
+			},
+			Log:     n.log,
+			Metrics: km,
 		},
 		Shards:  ownership.NewJetStreamKV(bgctx, d.shards),
 		OnServe: n.onServe,

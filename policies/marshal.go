@@ -77,6 +77,11 @@ func (p *Policy) MarshalJSON() ([]byte, error) {
 		b = appendMicro(b, p.Lease.MaxOutstanding)
 		b = append(b, `},`...)
 	}
+	if p.Layer != "" {
+		b = append(b, `"layer":`...)
+		b = appendJSONString(b, p.Layer)
+		b = append(b, ',')
+	}
 	b = append(b, `"max_keys":`...)
 	b = strconv.AppendInt(b, p.MaxKeys, 10)
 	b = append(b, `,"shadow":`...)

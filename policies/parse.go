@@ -24,6 +24,7 @@ import (
 //	             defaults, which Parse fills in for every leased policy
 //	max_keys     positive integer (number or string), default 1,000,000
 //	shadow       bool
+//	layer        string, [a-z0-9][a-z0-9_-]{0,31}, default "" (CONTRACT.md §11)
 //	description  string, at most 1024 bytes
 //
 // A null value is the same as an absent field, except for limits.
@@ -244,6 +245,15 @@ func (ps *parser) policy(name string) (*Policy, error) {
 			default:
 				return nil, invalid(path, "must be true or false")
 			}
+		case "layer":
+			s, _, err := ps.str(path, true)
+			if err != nil {
+				return nil, err
+			}
+			if !ValidLayer(s) {
+				return nil, invalid(path, strconv.Quote(s)+" is not [a-z0-9][a-z0-9_-]{0,31}")
+			}
+			p.Layer = s
 		case "description":
 			s, _, err := ps.str(path, true)
 			if err != nil {

@@ -82,6 +82,31 @@ type Policy struct {
 	// Lease is the grant parameters of a leased policy (CONTRACT.md §8),
 	// with every default filled in; the zero Lease for the other modes.
 	Lease Lease
+	// Layer is the budget layer the policy belongs to (CONTRACT.md §11,
+	// [a-z0-9][a-z0-9_-]{0,31}; "" by default): a request is decided by
+	// the best matching policy of each layer.
+	Layer string
+}
+
+// MaxLayerLen is the most bytes in a layer name.
+const MaxLayerLen = 32
+
+// ValidLayer reports whether s is a layer name: "" or
+// [a-z0-9][a-z0-9_-]{0,31}.
+func ValidLayer(s string) bool {
+	if len(s) > MaxLayerLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case (c == '_' || c == '-') && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // Lease is the grant parameters of a leased policy (CONTRACT.md §8).
@@ -174,6 +199,9 @@ func (p *Policy) Validate() error {
 	}
 	if len(p.Match) > MaxDims {
 		return invalid("match", "has "+strconv.Itoa(len(p.Match))+" entries (at most 16)")
+	}
+	if !ValidLayer(p.Layer) {
+		return invalid("layer", strconv.Quote(p.Layer)+" is not [a-z0-9][a-z0-9_-]{0,31}")
 	}
 	for i, d := range p.Match {
 		if !validDimName(d.Name) {

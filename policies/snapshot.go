@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"maps"
 	"slices"
 	"strings"
 )
@@ -25,9 +26,16 @@ import (
 // precedence level that has a match, so its cost grows with the number of
 // distinct patterns (small in practice), not with the number of policies.
 type Snapshot struct {
-	sorted   []*Policy          // by name
-	byName   map[string]*Policy //
-	patterns []*pattern         // by precedence, highest first
+	sorted []*Policy          // by name
+	byName map[string]*Policy //
+	layers []*layerIndex      // by layer name ("" first)
+}
+
+// layerIndex indexes the policies of one layer (CONTRACT.md §11): matching
+// picks the best policy within each layer.
+type layerIndex struct {
+	name     string
+	patterns []*pattern // by precedence, highest first
 }
 
 // pattern is one (shape, exact positions) combination.
@@ -61,10 +69,23 @@ func build(byName map[string]*Policy) *Snapshot {
 		s.sorted = append(s.sorted, p)
 	}
 	slices.SortFunc(s.sorted, func(a, b *Policy) int { return strings.Compare(a.Name, b.Name) })
+	byLayer := map[string][]*Policy{}
+	for _, p := range s.sorted {
+		byLayer[p.Layer] = append(byLayer[p.Layer], p)
+	}
+	for _, name := range slices.Sorted(maps.Keys(byLayer)) {
+		s.layers = append(s.layers, &layerIndex{name: name, patterns: buildPatterns(byLayer[name])})
+	}
+	return s
+}
 
+// buildPatterns indexes policies (sorted by name) by pattern, highest
+// precedence first.
+func buildPatterns(sorted []*Policy) []*pattern {
+	var patterns []*pattern
 	index := map[string]*pattern{}
 	var id, vals []byte
-	for _, p := range s.sorted {
+	for _, p := range sorted {
 		id, vals = id[:0], vals[:0]
 		nExact := 0
 		for _, m := range p.Match {
@@ -92,34 +113,66 @@ func build(byName map[string]*Policy) *Snapshot {
 				pt.exact[i] = m.Value != AnyValue
 			}
 			index[string(id)] = pt
-			s.patterns = append(s.patterns, pt)
+			patterns = append(patterns, pt)
 		}
-		if _, taken := pt.byValues[string(vals)]; !taken { // s.sorted is by name: first is smallest
+		if _, taken := pt.byValues[string(vals)]; !taken { // sorted is by name: first is smallest
 			pt.byValues[string(vals)] = p
 		}
 	}
-	slices.SortFunc(s.patterns, func(a, b *pattern) int {
+	slices.SortFunc(patterns, func(a, b *pattern) int {
 		if a.nExact != b.nExact {
 			return b.nExact - a.nExact
 		}
 		return len(b.names) - len(a.names)
 	})
-	return s
+	return patterns
 }
 
-// Match returns the policy governing d (the most specific matching one), or
-// nil when none matches. d must be a valid Descriptor (sorted by name). It
-// does not allocate for descriptors whose exact values total under 512 bytes.
+// Match returns the policy governing d (the most specific matching one)
+// in the first layer (by name, "" first) where one matches, or nil when
+// none matches. With one layer (every policy without a "layer", the
+// usual case) that is the policy that decides d; with several, a request
+// is decided by every layer's ([Snapshot.MatchLayers]). d must be a
+// valid Descriptor (sorted by name). It does not allocate for descriptors
+// whose exact values total under 512 bytes.
 func (s *Snapshot) Match(d Descriptor) *Policy {
 	if s == nil {
 		return nil
 	}
+	for _, l := range s.layers {
+		if p := l.match(d); p != nil {
+			return p
+		}
+	}
+	return nil
+}
+
+// MatchLayers appends to dst the policy governing d in each layer where
+// one matches, in layer order (CONTRACT.md §11), and returns it.
+func (s *Snapshot) MatchLayers(d Descriptor, dst []*Policy) []*Policy {
+	if s == nil {
+		return dst
+	}
+	for _, l := range s.layers {
+		if p := l.match(d); p != nil {
+			dst = append(dst, p)
+		}
+	}
+	return dst
+}
+
+// Layered reports whether the snapshot has policies in more than one
+// layer: only then may a request meet several policies.
+func (s *Snapshot) Layered() bool { return s != nil && len(s.layers) > 1 }
+
+// match returns the best policy of the layer for d, or nil.
+func (l *layerIndex) match(d Descriptor) *Policy {
 	var buf [512]byte
 	var best *Policy
 	level := -1 // precedence level of best: nExact<<8 | entries
-	for _, pt := range s.patterns {
-		l := pt.nExact<<8 | len(pt.names)
-		if best != nil && l < level {
+	for _, pt := range l.patterns {
+		lv := pt.nExact<<8 | len(pt.names)
+		if best != nil && lv < level {
 			break // lower precedence than the match found
 		}
 		if len(pt.names) > len(d) {
@@ -131,7 +184,7 @@ func (s *Snapshot) Match(d Descriptor) *Policy {
 		}
 		p := pt.byValues[string(key)]
 		if p != nil && (best == nil || p.Name < best.Name) {
-			best, level = p, l
+			best, level = p, lv
 		}
 	}
 	return best

@@ -132,6 +132,11 @@ func (j *Journal) adoptWrite(p int, gen uint64, sources []string, latest map[str
 		}
 		j.recs.adopted(p, gen)
 		j.recs.dropOrphans(p)
+		if f := j.cfg.OnAdopted; f != nil {
+			for k, v := range latest {
+				f(k, v)
+			}
+		}
 		// The floor needs the state bucket, which the adopted records do
 		// not: without it (no stream leader yet) the partition is served,
 		// and its first load writes the floor.

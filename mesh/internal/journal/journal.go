@@ -178,6 +178,10 @@ type Config struct {
 	Boot string
 	// Usage takes the usage of journalled admissions; nil: none.
 	Usage UsageSink
+	// OnAdopted is told each record a partition's adoption took over
+	// (once the partition is served), so the node can learn what they
+	// hold (open reservations to sweep); nil: not told.
+	OnAdopted func(key string, record []byte)
 	// Retention says how long the journal's messages and the records
 	// it checkpoints are kept (per-message TTLs; the zero value: none,
 	// the stream's and the bucket's own limits apply).

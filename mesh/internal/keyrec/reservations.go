@@ -80,6 +80,10 @@ type Reservation struct {
 	RequestID string
 	// Desc is the reserve's descriptor, for its usage record.
 	Desc policies.Descriptor
+	// Hold marks one layer's hold of a multi-layer decision (CONTRACT
+	// §11): committed, it is recorded as an admission; released, not at
+	// all; expired, as an admission (a coordinator that never came back).
+	Hold bool
 	// Room, per limit of the key's policy (bucket limits only; others
 	// hold 0): the least headroom (kvstate.Headroom) the bucket had at
 	// any instant since the reservation was made, which bounds what a
@@ -121,6 +125,7 @@ func uitoa(v uint64) string {
 const (
 	resFlagReqID = 1
 	resFlagEnded = 2
+	resFlagHold  = 4
 )
 
 // appendReservations appends the reservations section of r, if r has one.
@@ -146,6 +151,9 @@ func appendReservations(dst []byte, r *Record) []byte {
 		ended := v.Outcome != Open
 		if ended {
 			f |= resFlagEnded
+		}
+		if v.Hold {
+			f |= resFlagHold
 		}
 		body = append(body, f)
 		if v.HasReqID {
@@ -216,10 +224,11 @@ func decodeReservations(r *reader, rec *Record) {
 		if r.err != nil {
 			return
 		}
-		if f[0]&^(resFlagReqID|resFlagEnded) != 0 {
+		if f[0]&^(resFlagReqID|resFlagEnded|resFlagHold) != 0 {
 			r.fail("unknown reservation flags")
 			return
 		}
+		v.Hold = f[0]&resFlagHold != 0
 		if f[0]&resFlagReqID != 0 {
 			v.HasReqID = true
 			copy(v.ReqID[:], r.bytes(16, "reservation request id"))

@@ -54,6 +54,9 @@ type ResOp struct {
 	// Units is what a settle keeps spent, in micro-units (0..reserved);
 	// -1 settles the whole reservation.
 	Units int64
+	// Hold makes a reserve one layer's hold of a multi-layer decision
+	// (keyrec.Reservation.Hold).
+	Hold bool
 
 	// Results, set when the call is decided (Call.Err nil).
 	//
@@ -78,6 +81,10 @@ type ResOp struct {
 // whether rec changed.
 func (o *owner) decideRes(rec *keyrec.Record, c *Call, p *policies.Policy, now int64) bool {
 	op := c.Res
+	// A call decided again (after a lost compare-and-swap, or a blind
+	// decision dropped for a load) starts over: its results are this
+	// decision's only (the simulation's R1 found a stale NotFound).
+	op.Res, op.Again, op.NotFound, op.Ended = keyrec.Reservation{}, false, false, [keyrec.Expired + 1]int{}
 	c.mode = policies.ModeStrict // written before the reply, whatever p's mode
 	c.At = now
 	limits := o.limitsFor(p)
@@ -179,6 +186,21 @@ func b2i(b bool) int {
 // back the rest.
 func (o *owner) end(rec *keyrec.Record, v *keyrec.Reservation, op *ResOp, outcome keyrec.Outcome, settled, now int64) {
 	v.Outcome, v.Settled, v.Returned, v.EndedAt = outcome, settled, v.Units-settled, now
+	if v.Hold {
+		// A layer's hold: committed or expired, the layer's admission
+		// (an ordinary usage record); released, nothing.
+		if outcome != keyrec.Released {
+			desc := v.Desc
+			if desc == nil {
+				desc, _ = policies.DescriptorOfKey(op.Key, rec.Policy)
+			}
+			o.usage = append(o.usage, keyrec.Usage{At: now, Revision: v.Revision, Cost: settled, Desc: desc, RequestID: v.RequestID})
+			o.usageAsync = append(o.usageAsync, false)
+			o.usagePolicy = rec.Policy
+		}
+		v.RequestID, v.Desc, v.Room = "", nil, nil
+		return
+	}
 	op.Ended[outcome]++
 	desc := v.Desc
 	if desc == nil {
@@ -222,7 +244,7 @@ func (o *owner) reserve(rec *keyrec.Record, c *Call, p *policies.Policy, limits 
 	}
 	seq := max(rec.ResSeq+1, uint64(max(now, 0))/uint64(time.Millisecond))
 	v := keyrec.Reservation{Seq: seq, Nonce: op.Nonce, Units: c.Cost, Revision: p.Revision, At: now,
-		Expires: now + ttl, HasReqID: c.HasID, ReqID: c.ID, RequestID: c.RequestID, Room: room}
+		Expires: now + ttl, HasReqID: c.HasID, ReqID: c.ID, RequestID: c.RequestID, Room: room, Hold: op.Hold}
 	if c.Desc != nil && !policies.KeyCarries(op.Key, p.Name, c.Desc) {
 		v.Desc = c.Desc // else the key carries it (end)
 	}

@@ -150,7 +150,16 @@ func (t *Table) applyLoad(key string, e *Entry, o *owner, val []byte, rev uint64
 	before := o.corrupt
 	o.loadedResult(val, rev, err)
 	corrupt := o.corrupt - before
+	var open int
+	var next int64
+	if o.loaded && len(o.rec.Reservations) > 0 {
+		open, next = o.rec.OpenReservations()
+	}
+	policy := o.rec.Policy
 	e.mu.Unlock()
+	if open > 0 && t.cfg.OnReservations != nil {
+		t.cfg.OnReservations(policy, key, open, next)
+	}
 	if corrupt > 0 {
 		if t.m != nil {
 			t.m.corruptRecords.Inc()

@@ -84,8 +84,13 @@ type Config struct {
 	// later (the state journal): a retry that loses then does not make
 	// that usage lost (it would be counted twice).
 	UsageKept bool
-	Log       *slog.Logger
-	Metrics   *Metrics // nil: none registered
+	// OnReservations is told, when a key's record is loaded, that it
+	// holds open reservations: open of them, the first expiring at next
+	// (so a node that takes a key over sweeps what its old owner left);
+	// nil: not told.
+	OnReservations func(policy, key string, open int, next int64)
+	Log            *slog.Logger
+	Metrics        *Metrics // nil: none registered
 }
 
 // Table holds the limit keys this node decides. Idle entries are swept;

@@ -78,6 +78,9 @@ func (s *Service) forward(rq *routed) {
 		if rq.op != opDecide {
 			m.Header.Set(OpHeader, rq.op.String())
 		}
+		if rq.op == opHold {
+			m.Header.Set(PolicyHeader, rq.p.Name)
+		}
 		if info := r.Headers()[auth.RequestInfoHeader]; len(info) > 0 {
 			// The owner binds the tenant again: only nodes (the limiter
 			// account) publish on shard subjects, so it trusts the header.

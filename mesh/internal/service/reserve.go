@@ -34,14 +34,26 @@ const (
 	opSettle
 	opRelease
 	opRenew
+	// opHold is one layer's hold of a multi-layer decision (layers.go):
+	// a reservation of the decide request's cost in the layer's policy
+	// (PolicyHeader), short-lived, recorded as an admission when it is
+	// committed and not at all when it is released.
+	opHold
 )
+
+// PolicyHeader names, on a hold forwarded to a shard subject, the layer's
+// policy the hold is for.
+const PolicyHeader = "Limitmesh-Policy"
+
+// ends reports whether k settles, releases or renews a reservation.
+func (k resKind) ends() bool { return k == opSettle || k == opRelease || k == opRenew }
 
 // OpHeader names, on a request forwarded to a shard subject, the
 // reservation endpoint it came to ("reserve", "settle", "release",
 // "renew"); absent for decide.
 const OpHeader = "Limitmesh-Op"
 
-var resKindNames = [...]string{"decide", "reserve", "settle", "release", "renew"}
+var resKindNames = [...]string{"decide", "reserve", "settle", "release", "renew", "hold"}
 
 func (k resKind) String() string { return resKindNames[k] }
 
@@ -95,9 +107,12 @@ func (s *Service) handleRes(r micro.Request, kind resKind) {
 	}
 	rq := &routed{s: s, r: r, op: kind, start: start, deadline: start.Add(s.cfg.DecisionTimeout), noHint: caller != ""}
 	var err error
-	if kind == opReserve {
+	switch kind {
+	case opReserve:
 		err = s.resolveReserve(rq, caller)
-	} else {
+	case opHold:
+		err = s.resolveHold(rq, caller)
+	default:
 		err = s.resolveEnd(rq, caller)
 	}
 	if err != nil {
@@ -141,7 +156,13 @@ func (s *Service) resolveReserve(rq *routed, caller string) error {
 		}
 	}
 	rq.req = req
-	p := s.cfg.Policies.Snapshot().Match(req.desc)
+	snap := s.cfg.Policies.Snapshot()
+	if snap.Layered() {
+		if ps := snap.MatchLayers(req.desc, nil); len(ps) > 1 {
+			return fmt.Errorf("%w: the descriptor meets %d layers (policies %s and more): a reservation across layers is not implemented yet", fail.ErrBadRequest, len(ps), ps[0].Name)
+		}
+	}
+	p := snap.Match(req.desc)
 	if p == nil {
 		return nil
 	}
@@ -208,6 +229,15 @@ func (s *Service) finishRes(c *keys.Call, rq *routed) {
 	}
 	s.m.reservationsEnded(name, op.Ended)
 	s.open.track(s.m, name, rq.key, rq.part, op.Open, op.Next)
+	if rq.op == opHold {
+		// The coordinator counts the decision (layers.go); a layer
+		// that denied records its denial under its own policy.
+		if !c.Out.Allowed && !c.DryRun && !c.Deduped {
+			s.record(rq, c)
+		}
+		s.replyRaw(r, rq.start, appendHoldReply(rq.buf[:0], c.Out, rq.idOf()))
+		return
+	}
 	if rq.op != opReserve {
 		s.replyRaw(r, rq.start, appendResReply(rq.buf[:0], rq.idOf(), &op.Res, c.Out, c.At, op.Again))
 		return
@@ -241,7 +271,7 @@ func (s *Service) finishRes(c *keys.Call, rq *routed) {
 // idOf returns the id of rq's reservation: a reserve's once admitted (or
 // found again by its request_id), else the one the request names.
 func (rq *routed) idOf() string {
-	if rq.op == opReserve {
+	if rq.op == opReserve || rq.op == opHold {
 		return keyrec.ReservationID(rq.key, rq.res.Res.Seq, rq.res.Res.Nonce)
 	}
 	return keyrec.ReservationID(rq.key, rq.res.Seq, rq.res.Nonce)

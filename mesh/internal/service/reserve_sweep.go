@@ -5,7 +5,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
+	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 )
 
 // Expiry sweeps. A reservation not settled by its expiry ends as expired
@@ -150,4 +152,27 @@ func (sc *sweepCall) Finish(c *keys.Call) {
 	}
 	s.m.reservationsEnded(c.Policy.Name, sc.op.Ended)
 	s.open.track(s.m, c.Policy.Name, sc.key, sc.part, sc.op.Open, sc.op.Next)
+}
+
+// NoteReservations tracks key (of policy) for the expiry sweeps: a record
+// of it, loaded or adopted by this node, holds open reservations, the
+// first expiring at next. A node that takes a key over thus ends what its
+// old owner left open, once it has read the key's record.
+func (s *Service) NoteReservations(policy, key string, open int, next int64) {
+	part := -1
+	if s.cfg.Route != nil {
+		part = ownership.PartitionOf(key, s.cfg.Route.Parts())
+	}
+	s.open.track(s.m, policy, key, part, open, next)
+}
+
+// NoteRecord is NoteReservations for a stored record (an adopted one).
+func (s *Service) NoteRecord(key string, record []byte) {
+	rec, err := keyrec.Decode(record)
+	if err != nil || len(rec.Reservations) == 0 {
+		return
+	}
+	if open, next := rec.OpenReservations(); open > 0 {
+		s.NoteReservations(rec.Policy, key, open, next)
+	}
 }

@@ -173,6 +173,7 @@ func (s *Service) Handle(r micro.Request) {
 		part = -1
 		hint *atomic.Pointer[keys.Entry]
 	)
+	var layered []*policies.Policy // several layers matched (layers.go)
 	if m := s.memo.get(r.Data(), snap); m != nil && (caller == "" || m.tenant == caller) {
 		req, p, key, part, hint = m.req, m.p, m.key, m.part, &m.ent
 	} else {
@@ -188,7 +189,14 @@ func (s *Service) Handle(r micro.Request) {
 				return
 			}
 		}
-		if p = snap.Match(req.desc); p == nil {
+		if snap.Layered() {
+			if ps := snap.MatchLayers(req.desc, nil); len(ps) > 1 {
+				layered = ps
+			}
+		}
+		if layered != nil {
+			p = nil
+		} else if p = snap.Match(req.desc); p == nil {
 			if !req.dryRun {
 				s.m.decision("", resAllowed)
 				if u := s.cfg.Usage; u != nil {
@@ -197,6 +205,11 @@ func (s *Service) Handle(r micro.Request) {
 				}
 			}
 			s.replyOK(r, start, keyrec.Decision{Allowed: true}, -1, nil)
+			return
+		}
+		if layered != nil {
+			handed = true
+			s.decideLayers(r, req, layered, start, caller)
 			return
 		}
 		if key, err = p.LimitKey(req.desc); err != nil {
@@ -316,7 +329,7 @@ func (rq *routed) Finish(c *keys.Call) {
 		go s.forward(rq)
 		return
 	}
-	if c.Overflowed && rq.op > opReserve {
+	if c.Overflowed && rq.op.ends() {
 		// A settle, release or renew of a key stored nowhere (its
 		// record expired): nothing to end.
 		c.Overflowed, c.Err = false, fmt.Errorf("%w: reservation %s: unknown, or it expired", errNotFound, rq.idOf())
@@ -405,7 +418,9 @@ func (s *Service) respond(r micro.Request, data []byte) error {
 	}
 	reply := r.Reply()
 	if reply == "" {
-		return nats.ErrMsgNoReply
+		// A layer's sub-call (layers.go) answers in process; a request
+		// without a reply subject gets nats.ErrMsgNoReply there.
+		return r.Respond(data)
 	}
 	return s.cfg.Conn.Publish(reply, data)
 }

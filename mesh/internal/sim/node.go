@@ -133,11 +133,15 @@ func (n *node) start() {
 		ReadCache: 2 * s.cfg.Lease, Floors: true, Last: last, Mark: mark,
 		Nonce: s.s.rng.Uint64() | 1, Log: log,
 		Boot: "b" + strconv.Itoa(n.life), Usage: &simUsage{n: n, m: s.usage, last: map[string]usagePos{}},
+		// As the node does (mesh/start.go): adopted records with open
+		// reservations are swept by their new owner.
+		OnAdopted: func(key string, rec []byte) { n.noteRecord(key, rec) },
 	})
 	m = member.New(member.Config{
 		Self: n.id, Lease: s.cfg.Lease, DecisionTimeout: s.cfg.Timeout, Runtime: rtm,
 		Route: rt, Journal: j,
-		Keys:   keys.Config{Env: s.policies, MaxConflicts: 8, Log: log},
+		Keys: keys.Config{Env: s.policies, MaxConflicts: 8, Log: log,
+			OnReservations: func(_, key string, open int, next int64) { n.noteOpen(key, open, next) }},
 		Shards: simKV{n}, Log: log,
 	})
 	n.m = m

@@ -135,8 +135,7 @@ func TestSimulationFoundBugs(t *testing.T) {
 // Remove a bug's entry with its fix (and its seed's skip in
 // TestSimulationReservationBugs).
 var knownBugs = []struct{ name, sign string }{
-	{"keys/reserve.go: a reservation call decided again keeps the not found of its earlier decision", staleNotFound},
-	{"service/reserve_sweep.go: a new owner never sweeps the keys whose reservations it did not see", unswept},
+	{"service/reserve_sweep.go: a new owner sweeps the keys it loads or adopts from a journal, not those whose record was checkpointed and is never touched again", unswept},
 }
 
 // knownBug returns the signs of the known bugs err's lines name, if every
@@ -164,8 +163,7 @@ var reservationBugs = []struct {
 	seed uint64
 	bug  string
 }{
-	{18, "R1: keys/reserve.go decideRes never clears a ResOp's results; a release decided again (after a blind start's decision was dropped, or a lost compare-and-swap) is answered not found though it released the reservation"},
-	{20, "R4: service/reserve_sweep.go learns the keys with open reservations only from the calls its node decides; after a failover or a restart an abandoned reservation of a key no call touches again is never expired, and its usage never recorded"},
+	{20, "R4: service/reserve_sweep.go learns the keys with open reservations from the calls its node decides, the records it loads and the journals it adopts; after a failover, a handover or a restart an abandoned reservation of a key whose record was checkpointed and that no call touches again is never expired, and its usage never recorded (the fix: a per-partition index of such keys, written with the checkpoints and read at adoption)"},
 }
 
 // TestSimulationReservationBugs runs the seeds of reservationBugs. The

@@ -3,6 +3,7 @@ package sim
 import (
 	"slices"
 
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
 	"github.com/limitmesh/limitmesh/mesh/internal/service"
 )
@@ -100,3 +101,25 @@ func (n *node) sweepOnce() {
 // node that knows of it has swept it: two intervals of a clock that runs
 // up to maxDrift slow.
 var sweepLag = int64(2*service.SweepInterval) * (1_000_000 + maxDrift) / 1_000_000
+
+// noteOpen tracks key as the service's NoteReservations does (a record
+// loaded with open reservations).
+func (n *node) noteOpen(key string, open int, next int64) {
+	for _, k := range n.sim.keys {
+		if k.name == key {
+			n.track(k, open, next)
+			return
+		}
+	}
+}
+
+// noteRecord is the service's NoteRecord (an adopted record).
+func (n *node) noteRecord(key string, record []byte) {
+	rec, err := keyrec.Decode(record)
+	if err != nil {
+		return
+	}
+	if open, next := rec.OpenReservations(); open > 0 {
+		n.noteOpen(key, open, next)
+	}
+}

@@ -1,0 +1,197 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitmesh/limitmesh/mesh"
+	"github.com/nats-io/nats.go"
+)
+
+// layeredReply is a decide reply with its layers (CONTRACT §11).
+type layeredReply struct {
+	reply
+	Layers []struct {
+		Layer     string  `json:"layer"`
+		Policy    string  `json:"policy"`
+		Revision  uint64  `json:"revision"`
+		Allowed   bool    `json:"allowed"`
+		Remaining float64 `json:"remaining"`
+	} `json:"layers"`
+}
+
+func layeredDecide(t testing.TB, nc *nats.Conn, body string) layeredReply {
+	t.Helper()
+	m, err := nc.Request("rl.v1.decide", []byte(body), testTimeout)
+	if err != nil {
+		t.Fatalf("decide: %v", err)
+	}
+	var r layeredReply
+	r.Partition = -1
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		t.Fatalf("reply %q: %v", m.Data, err)
+	}
+	if m.Header != nil {
+		r.Code = m.Header.Get("Nats-Service-Error-Code")
+	}
+	return r
+}
+
+// layersOf returns a layered reply's remaining units by policy.
+func (r layeredReply) remaining() map[string]float64 {
+	out := map[string]float64{}
+	for _, l := range r.Layers {
+		out[l.Policy] = l.Remaining
+	}
+	return out
+}
+
+// The §18 example: a user's own budget, the tenant's aggregate, a search
+// cluster's protection limit and a monthly quota, each in its layer. Rates
+// of 1/h keep the counts exact however slowly the machine answers.
+var layerPolicies = map[string]string{
+	"per-user":       `{"match":{"tenant":"*","user":"*"},"key":["tenant","user"],"layer":"user","limits":[{"algorithm":"token_bucket","rate":"1/h","burst":5}]}`,
+	"tenant-agg":     `{"match":{"tenant":"*"},"key":["tenant"],"layer":"tenant","limits":[{"algorithm":"token_bucket","rate":"1/h","burst":8}]}`,
+	"search-protect": `{"match":{"destination":"search-cluster"},"layer":"protection","limits":[{"algorithm":"token_bucket","rate":"1/h","burst":50}]}`,
+	"monthly":        `{"match":{"tenant":"*"},"key":["tenant"],"layer":"quota","limits":[{"algorithm":"quota","limit":1000,"period":"month"}]}`,
+}
+
+func putLayerPolicies(t *testing.T, nc *nats.Conn, nodes ...*testNode) {
+	t.Helper()
+	for name, doc := range layerPolicies {
+		rev := putPolicy(t, nc, "rl_policies", name, doc)
+		waitApplied(t, name, rev, nodes...)
+	}
+}
+
+func userReq(user string, extra string) string {
+	return req(map[string]string{"tenant": "acme", "user": user, "destination": "search-cluster"}, extra)
+}
+
+// TestLayersAllOrNothing: a request meets four layers and is admitted only
+// when all admit, spending in all; a user denied by the tenant aggregate
+// spends nothing of its own budget, nor of the protection limit and the
+// quota. The reply names the denying layer and lists every layer.
+func TestLayersAllOrNothing(t *testing.T) {
+	e := server(t, t.TempDir())
+	tn := startNode(t, e, mesh.NodeConfig{UsageInterval: 50 * time.Millisecond, LeaseTime: ownershipLease})
+	putLayerPolicies(t, tn.nc, tn)
+
+	for i := range 5 {
+		if r := layeredDecide(t, tn.nc, userReq("u1", "")); r.Code != "" || !r.Allowed || len(r.Layers) != 4 {
+			t.Fatalf("u1 request %d: %+v", i, r)
+		}
+	}
+	// u1's own budget is spent: the user layer denies, and nothing is
+	// spent in the others.
+	r := layeredDecide(t, tn.nc, userReq("u1", ""))
+	if r.Allowed || r.Policy != "per-user" || r.RetryAfterMs <= 0 {
+		t.Fatalf("u1's sixth: %+v", r)
+	}
+	// u2 gets the 3 the tenant has left; then the tenant aggregate denies.
+	for i := range 3 {
+		if r := layeredDecide(t, tn.nc, userReq("u2", "")); !r.Allowed {
+			t.Fatalf("u2 request %d: %+v", i, r)
+		}
+	}
+	r = layeredDecide(t, tn.nc, userReq("u2", ""))
+	if r.Allowed || r.Policy != "tenant-agg" {
+		t.Fatalf("u2 beyond the tenant aggregate: %+v", r)
+	}
+	rem := r.remaining()
+	if !near(rem["per-user"], 2) || !near(rem["tenant-agg"], 0) || !near(rem["search-protect"], 42) || !near(rem["monthly"], 992) {
+		t.Fatalf("layers after the denial: %+v", r.Layers)
+	}
+	// A dry run once it is quiet: the denial spent nothing anywhere (a
+	// denied request's layers show what they hold, as it leaves them).
+	d := layeredDecide(t, tn.nc, userReq("u2", `"dry_run":true`))
+	rem = d.remaining()
+	if d.Allowed || !near(rem["per-user"], 2) || !near(rem["search-protect"], 42) || !near(rem["monthly"], 992) {
+		t.Fatalf("dry run after the denial: %+v", d.Layers)
+	}
+	// A descriptor meeting one layer only is decided as before (no layers
+	// in the reply).
+	one := decide(t, tn.nc, "rl.v1.decide", req(map[string]string{"destination": "search-cluster"}, ""))
+	if !one.Allowed || one.Policy != "search-protect" {
+		t.Fatalf("one layer: %+v", one)
+	}
+	// The ledger counts each layer's admissions under its own policy.
+	day := time.Now().UTC().Format("2006-01-02")
+	var last string
+	defer func() { t.Logf("ledger: %s", last) }()
+	waitFor(t, "the layers' ledger entries", func() bool {
+		u1, ok1 := ledgerTotals(t, tn.nc, "per-user", day, "p.per-user.tenant=acme.user=u1")
+		ta, ok2 := ledgerTotals(t, tn.nc, "tenant-agg", day, "p.tenant-agg.tenant=acme")
+		sp, ok3 := ledgerTotals(t, tn.nc, "search-protect", day, "p.search-protect.destination=search-cluster")
+		last = fmt.Sprintf("%v %+v %v %+v %v %+v", ok1, u1, ok2, ta, ok3, sp)
+		return ok1 && ok2 && ok3 && u1.Allowed == 5 && u1.Denied == 1 && ta.Allowed == 8 && sp.Allowed == 9 && ta.Denied == 1
+	})
+}
+
+// TestLayersUnderLoad: many connections send the §18 scenario's requests
+// at once for two users; every layer admits at most its burst, and each
+// admitted request spent in every layer (the layers' totals agree).
+func TestLayersUnderLoad(t *testing.T) {
+	e := server(t, t.TempDir())
+	tn := startNode(t, e, mesh.NodeConfig{UsageInterval: 50 * time.Millisecond, LeaseTime: ownershipLease})
+	putLayerPolicies(t, tn.nc, tn)
+	conns := make([]*nats.Conn, 8)
+	for i := range conns {
+		conns[i] = connect(t, e)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := map[string]int{}
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			user := fmt.Sprintf("u%d", i%3)
+			m, err := conns[i%len(conns)].Request("rl.v1.decide", []byte(userReq(user, "")), testTimeout)
+			if err != nil {
+				t.Errorf("request: %v", err)
+				return
+			}
+			var r layeredReply
+			if err := json.Unmarshal(m.Data, &r); err != nil || m.Header.Get("Nats-Service-Error-Code") != "" {
+				t.Errorf("reply %q: %v", m.Data, err)
+				return
+			}
+			if r.Allowed {
+				mu.Lock()
+				admitted[user]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for u, n := range admitted {
+		if n > 5 {
+			t.Errorf("user %s admitted %d, its burst is 5", u, n)
+		}
+		total += n
+	}
+	if total != 8 {
+		t.Errorf("admitted %d in all (%v), the tenant's burst is 8 and the users' 15", total, admitted)
+	}
+	// Dry runs (denied: the tenant is spent, so they show what the
+	// layers hold): every admission spent in every layer, no denial in any.
+	d := layeredDecide(t, tn.nc, userReq("u9", `"dry_run":true`))
+	rem := d.remaining()
+	if d.Allowed || !near(rem["tenant-agg"], 0) || !near(rem["search-protect"], float64(50-total)) || !near(rem["monthly"], float64(1000-total)) {
+		t.Fatalf("after the load: %+v", d.Layers)
+	}
+	for u, n := range admitted {
+		if d := layeredDecide(t, tn.nc, userReq(u, `"dry_run":true`)); !near(d.remaining()["per-user"], float64(5-n)) {
+			t.Errorf("user %s admitted %d, its layer has %v left", u, n, d.remaining()["per-user"])
+		}
+	}
+}
+
+// near reports whether units a are b give or take what a 1/h bucket
+// refills while a test runs.
+func near(a, b float64) bool { return a >= b && a < b+0.01 }

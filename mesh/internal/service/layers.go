@@ -1,0 +1,613 @@
+package service
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/fail"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
+	"github.com/limitmesh/limitmesh/mesh/internal/keys"
+	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
+	"github.com/limitmesh/limitmesh/policies"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+)
+
+// Layers (CONTRACT §11, docs/protocol.md "Layers"). A request that meets
+// policies in several layers is admitted only if every layer's policy
+// admits it, and then spends in all of them; when one denies, it spends in
+// none. The node that received it coordinates, in two steps:
+//
+//  1. Hold. It asks the owner of each layer's key (itself or another node,
+//     routed as a reservation) to hold the cost: a reservation of the
+//     layer's policy (keys.ResOp.Hold) that lasts HoldTTL at most. All
+//     holds are asked at once.
+//  2. Commit or release. When every layer held, it answers admitted and
+//     commits the holds (settles them whole: the layers' admissions). When
+//     a layer denied, it releases the holds made (the units come back as
+//     if never taken) and answers denied once the releases are written.
+//
+// A hold that is neither committed nor released (a coordinator that died,
+// a commit lost) expires after HoldTTL as spent: "presumed commit". So no
+// layer ever admits beyond its limits (every unit spent was held first),
+// an admitted request's spend is in every layer, and a denied request's
+// spend is in no layer once its releases are acknowledged; if they cannot
+// be (a layer's owner unreachable), the answer is 503 and those holds end
+// as spent within HoldTTL. While a decision is under way its cost is held
+// in the layers that admitted it: at most the request's cost per layer,
+// for at most the decision timeout (then HoldTTL if the coordinator died).
+//
+// Local-mode layers are decided by the coordinator itself after the holds
+// (they cannot be held); a local layer that denies makes the request
+// denied and the holds released, but a local layer decided before it keeps
+// its spend (within local mode's own bound).
+
+// holdTTL is how long a layer's hold lasts unless committed or released:
+// twice the decision timeout.
+func (s *Service) holdTTL() int64 { return int64(2 * s.cfg.DecisionTimeout) }
+
+// resolveHold decodes a hold forwarded to this node (the decide body, the
+// layer's policy in PolicyHeader) into rq.
+func (s *Service) resolveHold(rq *routed, caller string) error {
+	req, err := decodeRequest(rq.r.Data())
+	if err != nil {
+		return err
+	}
+	own, _ := req.desc.Get("tenant")
+	if caller != "" {
+		if req.desc, err = bindTenant(req.desc, caller, own); err != nil {
+			return err
+		}
+	}
+	name := rq.r.Headers().Get(PolicyHeader)
+	p := s.cfg.Policies.Current(name)
+	if p == nil || p.Shadow {
+		return fmt.Errorf("%w: layer policy %q is not in force here", fail.ErrUnavailable, name)
+	}
+	rq.req, rq.p = req, p
+	return s.holdOp(rq)
+}
+
+// holdOp fills in rq's limit key and its hold operation.
+func (s *Service) holdOp(rq *routed) error {
+	var err error
+	if rq.key, err = rq.p.LimitKey(rq.req.desc); err != nil {
+		return fmt.Errorf("%w: %v", fail.ErrBadRequest, err)
+	}
+	if len(rq.key) > keyrec.MaxReservedKey {
+		return fmt.Errorf("%w: the limit key of layer policy %q is %d bytes; a layer's key is at most %d bytes",
+			fail.ErrBadRequest, rq.p.Name, len(rq.key), keyrec.MaxReservedKey)
+	}
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	rq.res = keys.ResOp{Kind: keys.ResReserve, TTL: s.holdTTL(), Hold: true,
+		Nonce: binary.LittleEndian.Uint64(nonce[:]) & (1<<keyrec.NonceBits - 1)}
+	return nil
+}
+
+// appendHoldReply appends a hold's reply: the decide reply plus, when
+// held, the hold's id.
+func appendHoldReply(b []byte, d keyrec.Decision, id string) []byte {
+	b = appendReply(b, d, -1)
+	if d.Allowed {
+		b = b[:len(b)-1]
+		b = append(b, `,"reservation":`...)
+		b = appendQuoted(b, id)
+		b = append(b, '}')
+	}
+	return b
+}
+
+// layerCall is one layer of a multi-layer decision: a micro.Request whose
+// reply the coordinator reads (in-process or relayed from the owner).
+type layerCall struct {
+	l    *layerDecision
+	i    int
+	data []byte
+	hdr  micro.Headers
+	// once: the reply or error, then done.
+	code, msg string
+	reply     holdReply
+	decided   bool
+}
+
+// holdReply is a hold's (or a local decision's) reply.
+type holdReply struct {
+	Allowed      bool        `json:"allowed"`
+	Policy       string      `json:"policy"`
+	Revision     uint64      `json:"revision"`
+	Remaining    json.Number `json:"remaining"`
+	RetryAfterMs int64       `json:"retry_after_ms"`
+	ResetAfterMs int64       `json:"reset_after_ms"`
+	Reservation  string      `json:"reservation"`
+}
+
+func (c *layerCall) Respond(b []byte, opts ...micro.RespondOpt) error {
+	// A relayed error reply carries its code in headers.
+	var r holdReply
+	if err := json.Unmarshal(b, &r); err != nil {
+		c.code, c.msg = "500", "undecodable layer reply: "+err.Error()
+	} else {
+		c.reply = r
+	}
+	for _, o := range opts {
+		if h := headersOf(o); h != nil {
+			if code := h.Get(micro.ErrorCodeHeader); code != "" {
+				c.code, c.msg = code, h.Get(micro.ErrorHeader)
+			}
+		}
+	}
+	c.l.answered(c)
+	return nil
+}
+
+func (c *layerCall) RespondJSON(v any, opts ...micro.RespondOpt) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return micro.ErrMarshalResponse
+	}
+	return c.Respond(b, opts...)
+}
+
+func (c *layerCall) Error(code, desc string, _ []byte, _ ...micro.RespondOpt) error {
+	c.code, c.msg = code, desc
+	c.l.answered(c)
+	return nil
+}
+
+func (c *layerCall) Data() []byte           { return c.data }
+func (c *layerCall) Headers() micro.Headers { return c.hdr }
+func (c *layerCall) Subject() string        { return "" }
+func (c *layerCall) Reply() string          { return "" }
+
+// headersOf returns the headers a RespondOpt sets (a relayed reply's).
+func headersOf(o micro.RespondOpt) micro.Headers {
+	m := &nats.Msg{Header: nats.Header{}}
+	o(m)
+	if len(m.Header) == 0 {
+		return nil
+	}
+	return micro.Headers(m.Header)
+}
+
+// layerDecision is one multi-layer decision in progress.
+type layerDecision struct {
+	s      *Service
+	r      micro.Request
+	req    request
+	ps     []*policies.Policy
+	start  time.Time
+	caller string
+
+	mu    sync.Mutex
+	calls []*layerCall
+	left  int
+	phase int // 0 holds, 1 releases
+}
+
+// decideLayers decides req, which meets the policies ps (one per layer,
+// more than one), all or nothing, and answers r.
+func (s *Service) decideLayers(r micro.Request, req request, ps []*policies.Policy, start time.Time, caller string) {
+	for _, p := range ps {
+		if p.ReservedOnly() {
+			if !req.dryRun {
+				s.m.decision(p.Name, resError)
+			}
+			s.replyError(r, p.Name, start, fmt.Errorf("%w: layer policy %q has a concurrency limit: it is reserved with %s.v1.reserve, not decided",
+				fail.ErrBadRequest, p.Name, s.prefix()))
+			return
+		}
+	}
+	ld := &layerDecision{s: s, r: r, req: req, ps: ps, start: start, caller: caller}
+	var held []int
+	for i, p := range ps {
+		if p.Mode != policies.ModeLocal {
+			held = append(held, i)
+		}
+	}
+	ld.calls = make([]*layerCall, len(ps))
+	for i := range ps {
+		ld.calls[i] = &layerCall{l: ld, i: i, data: r.Data(), hdr: r.Headers()}
+	}
+	if len(held) == 0 {
+		ld.finishHolds()
+		return
+	}
+	ld.left = len(held)
+	for _, i := range held {
+		ld.hold(i)
+	}
+}
+
+// hold routes layer i's hold to its key's owner.
+func (ld *layerDecision) hold(i int) {
+	s := ld.s
+	c := ld.calls[i]
+	rq := &routed{s: s, r: c, op: opHold, p: ld.ps[i], req: ld.req, start: ld.start,
+		deadline: ld.start.Add(s.cfg.DecisionTimeout), noHint: true}
+	if err := s.holdOp(rq); err != nil {
+		c.code, c.msg = errorCode(err), err.Error()
+		ld.answered(c)
+		return
+	}
+	rq.part, rq.keyPart = -1, -1
+	if s.cfg.Route != nil {
+		rq.part = ownership.PartitionOf(rq.key, s.cfg.Route.Parts())
+		rq.keyPart = rq.part
+	}
+	s.inflight.Add(1) // the sub-call's reply decrements it
+	s.route(rq, s.cfg.Runtime.Now())
+}
+
+// answered is told that c has its reply.
+func (ld *layerDecision) answered(c *layerCall) {
+	ld.mu.Lock()
+	c.decided = true
+	ld.left--
+	last := ld.left == 0
+	phase := ld.phase
+	ld.mu.Unlock()
+	if !last {
+		return
+	}
+	if phase == 0 {
+		ld.finishHolds()
+	} else {
+		ld.finishReleases()
+	}
+}
+
+// finishHolds runs once every hold is answered: local layers, then commit
+// or release.
+func (ld *layerDecision) finishHolds() {
+	admitted := true
+	for i, c := range ld.calls {
+		if ld.ps[i].Mode == policies.ModeLocal {
+			continue
+		}
+		if c.code != "" || !c.reply.Allowed {
+			admitted = false
+		}
+	}
+	if admitted && !ld.req.dryRun {
+		// Local layers, decided here once the others hold.
+		for i, p := range ld.ps {
+			if p.Mode != policies.ModeLocal || !admitted {
+				continue
+			}
+			admitted = ld.decideLocal(i)
+		}
+	} else if ld.req.dryRun {
+		for i, p := range ld.ps {
+			if p.Mode == policies.ModeLocal {
+				ld.decideLocal(i)
+			}
+		}
+	}
+	if admitted || ld.req.dryRun {
+		if !ld.req.dryRun {
+			ld.commit()
+		}
+		ld.reply(nil)
+		return
+	}
+	// Release what was held, then answer.
+	var release []int
+	for i, c := range ld.calls {
+		if c.code == "" && c.reply.Allowed && c.reply.Reservation != "" {
+			release = append(release, i)
+		}
+	}
+	if len(release) == 0 {
+		ld.reply(nil)
+		return
+	}
+	ld.mu.Lock()
+	ld.phase, ld.left = 1, len(release)
+	ld.mu.Unlock()
+	for _, i := range release {
+		ld.end(i, opRelease, &releaseCall{l: ld, i: i})
+	}
+}
+
+// decideLocal decides local layer i here (a plain decision) and reports
+// whether it admitted.
+func (ld *layerDecision) decideLocal(i int) bool {
+	s := ld.s
+	p := ld.ps[i]
+	c := ld.calls[i]
+	key, err := p.LimitKey(ld.req.desc)
+	if err != nil {
+		c.code, c.msg = "400", err.Error()
+		return false
+	}
+	now := s.cfg.Runtime.Now()
+	call := keys.Call{Policy: p, Cost: ld.req.cost, DryRun: ld.req.dryRun, Deadline: now.Add(s.cfg.DecisionTimeout).UnixNano(),
+		Done: finisherFunc(func(*keys.Call) {})}
+	s.cfg.Keys.Submit(key, &call, now.UnixNano(), nil) // local: decided before Submit returns
+	if call.Err != nil {
+		c.code, c.msg = errorCode(call.Err), call.Err.Error()
+		return false
+	}
+	d := call.Out
+	c.reply = holdReply{Allowed: d.Allowed, Policy: d.Policy, Revision: d.Revision,
+		Remaining:    json.Number(string(AppendMicro(nil, max(d.Remaining, 0)))),
+		RetryAfterMs: durationMillis(d.RetryAfter), ResetAfterMs: durationMillis(d.ResetAfter)}
+	if !ld.req.dryRun && s.cfg.Usage != nil {
+		rq := &routed{req: ld.req, key: key}
+		s.record(rq, &call)
+	}
+	return d.Allowed
+}
+
+type finisherFunc func(*keys.Call)
+
+func (f finisherFunc) Finish(c *keys.Call) { f(c) }
+
+// commit settles every hold whole (presumed commit: a lost settle lets
+// the hold expire as spent, the same outcome).
+func (ld *layerDecision) commit() {
+	for i, c := range ld.calls {
+		if c.reply.Reservation != "" {
+			ld.end(i, opSettle, &releaseCall{l: ld, i: i, commit: true})
+		}
+	}
+}
+
+// end routes a settle (commit) or release of layer i's hold, answered to
+// rc.
+func (ld *layerDecision) end(i int, kind resKind, rc *releaseCall) {
+	s := ld.s
+	b, _ := json.Marshal(map[string]string{"reservation": ld.calls[i].reply.Reservation})
+	rc.data, rc.hdr = b, ld.r.Headers()
+	rq := &routed{s: s, r: rc, op: kind, start: s.cfg.Runtime.Now(), noHint: true}
+	rq.deadline = rq.start.Add(s.cfg.DecisionTimeout)
+	if err := s.resolveEnd(rq, ld.caller); err != nil {
+		rc.code = errorCode(err)
+		rc.done()
+		return
+	}
+	if s.cfg.Route != nil {
+		rq.part = ownership.PartitionOf(rq.key, s.cfg.Route.Parts())
+		rq.keyPart = rq.part
+	}
+	s.inflight.Add(1)
+	s.route(rq, rq.start)
+}
+
+// releaseCall is the micro.Request of a hold's commit or release.
+type releaseCall struct {
+	l      *layerDecision
+	i      int
+	commit bool
+	data   []byte
+	hdr    micro.Headers
+	code   string
+}
+
+func (c *releaseCall) Respond(_ []byte, opts ...micro.RespondOpt) error {
+	for _, o := range opts {
+		if h := headersOf(o); h != nil {
+			if code := h.Get(micro.ErrorCodeHeader); code != "" {
+				c.code = code
+			}
+		}
+	}
+	c.done()
+	return nil
+}
+
+func (c *releaseCall) RespondJSON(any, ...micro.RespondOpt) error { c.done(); return nil }
+func (c *releaseCall) Error(code, _ string, _ []byte, _ ...micro.RespondOpt) error {
+	c.code = code
+	c.done()
+	return nil
+}
+func (c *releaseCall) Data() []byte           { return c.data }
+func (c *releaseCall) Headers() micro.Headers { return c.hdr }
+func (c *releaseCall) Subject() string        { return "" }
+func (c *releaseCall) Reply() string          { return "" }
+
+// done: a commit needs nothing more; a release counts toward the answer.
+func (c *releaseCall) done() {
+	if c.commit {
+		if c.code != "" {
+			c.l.s.log.Debug("layer hold commit failed; it expires as spent", "code", c.code)
+		}
+		return
+	}
+	ld := c.l
+	ld.mu.Lock()
+	if c.code != "" {
+		ld.calls[c.i].code = "release:" + c.code
+	}
+	ld.left--
+	last := ld.left == 0
+	ld.mu.Unlock()
+	if last {
+		ld.finishReleases()
+	}
+}
+
+// finishReleases answers a denied decision once its releases are in.
+func (ld *layerDecision) finishReleases() {
+	for _, c := range ld.calls {
+		if strings.HasPrefix(c.code, "release:") {
+			ld.reply(fmt.Errorf("%w: a layer's hold could not be released (it expires as spent within %s)",
+				fail.ErrUnavailable, time.Duration(ld.s.holdTTL())))
+			return
+		}
+	}
+	ld.reply(nil)
+}
+
+// reply answers the decision (CONTRACT §11) or, with err or a layer's
+// error, the error.
+func (ld *layerDecision) reply(err error) {
+	s := ld.s
+	if err == nil {
+		for _, c := range ld.calls {
+			if c.code != "" {
+				err = codeError(c.code, c.msg)
+				break
+			}
+		}
+	}
+	if err != nil {
+		if !ld.req.dryRun {
+			for _, p := range ld.ps {
+				s.m.decision(p.Name, resError)
+			}
+		}
+		s.replyError(ld.r, ld.ps[0].Name, ld.start, err)
+		return
+	}
+	admitted := true
+	for _, c := range ld.calls {
+		admitted = admitted && c.reply.Allowed
+	}
+	// The deciding layer: the denying one with the longest retry, or the
+	// admitting one with the least remaining.
+	best := -1
+	var bestRem int64
+	remaining := int64(-1)
+	for i, c := range ld.calls {
+		rem := microOf(string(c.reply.Remaining))
+		if !admitted && c.reply.Allowed {
+			rem += ld.req.cost // released: as before the hold
+		}
+		if remaining < 0 || rem < remaining {
+			remaining = rem
+		}
+		switch {
+		case best < 0:
+			best, bestRem = i, rem
+		case !admitted:
+			b := ld.calls[best].reply
+			if !c.reply.Allowed && (b.Allowed || longerRetry(c.reply.RetryAfterMs, b.RetryAfterMs)) {
+				best, bestRem = i, rem
+			}
+		case rem < bestRem:
+			best, bestRem = i, rem
+		}
+	}
+	br := ld.calls[best].reply
+	res := resDenied
+	if admitted {
+		res = resAllowed
+	}
+	if !ld.req.dryRun {
+		for _, p := range ld.ps {
+			s.m.decision(p.Name, res)
+		}
+	}
+	b := []byte(`{"allowed":`)
+	b = strconv.AppendBool(b, admitted)
+	b = append(b, `,"policy":`...)
+	b = appendQuoted(b, br.Policy)
+	b = append(b, `,"revision":`...)
+	b = strconv.AppendUint(b, br.Revision, 10)
+	b = append(b, `,"remaining":`...)
+	b = AppendMicro(b, max(remaining, 0))
+	retry := br.RetryAfterMs
+	if admitted {
+		retry = 0
+	}
+	b = append(b, `,"retry_after_ms":`...)
+	b = strconv.AppendInt(b, retry, 10)
+	b = append(b, `,"reset_after_ms":`...)
+	b = strconv.AppendInt(b, br.ResetAfterMs, 10)
+	b = append(b, `,"layers":[`...)
+	for i, c := range ld.calls {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"layer":`...)
+		b = appendQuoted(b, ld.ps[i].Layer)
+		b = append(b, `,"policy":`...)
+		b = appendQuoted(b, ld.ps[i].Name)
+		b = append(b, `,"revision":`...)
+		b = strconv.AppendUint(b, c.reply.Revision, 10)
+		b = append(b, `,"allowed":`...)
+		b = strconv.AppendBool(b, c.reply.Allowed)
+		b = append(b, `,"remaining":`...)
+		rem := microOf(string(c.reply.Remaining))
+		if !admitted && c.reply.Allowed {
+			rem += ld.req.cost
+		}
+		b = AppendMicro(b, max(rem, 0))
+		b = append(b, '}')
+	}
+	b = append(b, "]}"...)
+	s.replyRaw(ld.r, ld.start, b)
+}
+
+// longerRetry reports whether retry a (ms, -1 never) is longer than b.
+func longerRetry(a, b int64) bool {
+	switch {
+	case b == -1:
+		return false
+	case a == -1:
+		return true
+	}
+	return a > b
+}
+
+// microOf parses a reply's decimal number of units into micro-units (0
+// when it is not one).
+func microOf(s string) int64 {
+	whole, frac, _ := strings.Cut(s, ".")
+	w, err := strconv.ParseInt(whole, 10, 64)
+	if err != nil || len(frac) > 6 {
+		return 0
+	}
+	v := w * kvstate.Unit
+	if frac != "" {
+		f, err := strconv.ParseInt(frac+strings.Repeat("0", 6-len(frac)), 10, 64)
+		if err != nil {
+			return 0
+		}
+		v += f
+	}
+	return v
+}
+
+// errorCode is the micro error code replyError gives err.
+func errorCode(err error) string {
+	switch {
+	case errors.Is(err, fail.ErrTooLarge):
+		return "413"
+	case errors.Is(err, fail.ErrBadRequest), errors.Is(err, policies.ErrInvalid):
+		return "400"
+	case errors.Is(err, fail.ErrForbidden):
+		return "403"
+	case errors.Is(err, fail.ErrUnavailable), errors.Is(err, fail.ErrFenced):
+		return "503"
+	case errors.Is(err, errNotFound):
+		return "404"
+	}
+	return "500"
+}
+
+// codeError turns a layer's error reply back into the error to answer.
+func codeError(code, msg string) error {
+	switch code {
+	case "400":
+		return fmt.Errorf("%w: %s", fail.ErrBadRequest, msg)
+	case "403":
+		return fmt.Errorf("%w: %s", fail.ErrForbidden, msg)
+	case "413":
+		return fmt.Errorf("%w: %s", fail.ErrTooLarge, msg)
+	case "503":
+		return fmt.Errorf("%w: %s", fail.ErrUnavailable, msg)
+	}
+	return fmt.Errorf("%w: a layer answered %s: %s", fail.ErrInternal, code, msg)
+}

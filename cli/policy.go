@@ -342,11 +342,16 @@ func policyExplain(ctx context.Context, args []string, s stdio) error {
 	fs.IntVar(&nodes, "nodes", 1, "number of nodes serving the policy")
 	fs.DurationVar(&interval, "async-interval", mesh.DefaultAsyncInterval, "the nodes' async write-behind interval")
 	fs.DurationVar(&wtimeout, "decision-timeout", mesh.DefaultDecisionTimeout, "the nodes' decision timeout (bounds a state write)")
+	var descriptor string
+	fs.StringVar(&descriptor, "descriptor", "", "name=value,name=value: list the layers and policies this descriptor meets (CONTRACT §11) instead of one policy")
 	if err := parseFlags(fs, interspersed(args), s); err != nil {
 		return err
 	}
+	if descriptor != "" && fs.NArg() == 0 {
+		return explainDescriptor(ctx, &cf, descriptor, mesh.BoundParams{Nodes: nodes, AsyncInterval: interval, WriteTimeout: wtimeout}, s)
+	}
 	if fs.NArg() != 1 {
-		fmt.Fprintln(s.err, "usage: limitmesh policy explain NAME [--nodes N] [--file FILE]")
+		fmt.Fprintln(s.err, "usage: limitmesh policy explain NAME [--nodes N] [--file FILE] | --descriptor name=value,...")
 		return errUsage
 	}
 	if nodes < 1 {
@@ -391,6 +396,82 @@ func policyExplain(ctx context.Context, args []string, s stdio) error {
 	return nil
 }
 
+// explainDescriptor prints the layers a descriptor meets, each with its
+// policy and that policy's explanation, and the bound a request of it is
+// decided within: the largest of theirs (CONTRACT §11).
+func explainDescriptor(ctx context.Context, cf *clientFlags, text string, bp mesh.BoundParams, s stdio) error {
+	var dims []policies.Dim
+	for _, kv := range strings.Split(text, ",") {
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok {
+			return fmt.Errorf("--descriptor: %q is not name=value", kv)
+		}
+		dims = append(dims, policies.Dim{Name: name, Value: value})
+	}
+	d, err := policies.NewDescriptor(dims)
+	if err != nil {
+		return fmt.Errorf("--descriptor: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, cf.timeout)
+	defer cancel()
+	kv, closeFn, err := policyBucket(ctx, cf)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return err
+	}
+	var live []*policies.Policy
+	for name := range lister.Keys() {
+		e, err := kv.Get(ctx, name)
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		p, err := mesh.ParsePolicy(name, e.Value())
+		if err != nil || p.Shadow {
+			continue // invalid ones are not in force; candidates never decide
+		}
+		p.Revision = e.Revision()
+		live = append(live, p)
+	}
+	ps := policies.NewSnapshot(live).MatchLayers(d, nil)
+	if len(ps) == 0 {
+		fmt.Fprintln(s.out, "no policy matches: the descriptor is not limited")
+		return nil
+	}
+	fmt.Fprintf(s.out, "descriptor %s meets %d layer(s): admitted only if every layer admits, spending in all or none\n", text, len(ps))
+	var worst int64
+	worstOf := ""
+	for _, p := range ps {
+		layer := p.Layer
+		if layer == "" {
+			layer = `""`
+		}
+		b, err := mesh.OvershootBound(p, bp)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(s.out, "\nlayer %s: ", layer)
+		writeExplain(s.out, p, p.Revision, max(bp.Nodes, 1), b)
+		for _, l := range b.Limits {
+			if l.Units > worst {
+				worst, worstOf = l.Units, p.Name+"/"+l.Name
+			}
+		}
+	}
+	if len(ps) > 1 {
+		fmt.Fprintln(s.out)
+		if worst == 0 {
+			fmt.Fprintln(s.out, "decided within the largest bound of its layers: 0 units (every layer strict)")
+		} else {
+			fmt.Fprintf(s.out, "decided within the largest bound of its layers: %s units (%s)\n", formatUnits(worst), worstOf)
+		}
+	}
+	return nil
+}
+
 // writeExplain prints what policyExplain reports.
 func writeExplain(w io.Writer, p *policies.Policy, rev uint64, nodes int, b mesh.Bound) {
 	fmt.Fprintf(w, "policy %s", p.Name)
@@ -398,6 +479,9 @@ func writeExplain(w io.Writer, p *policies.Policy, rev uint64, nodes int, b mesh
 		fmt.Fprintf(w, " (revision %d)", rev)
 	}
 	fmt.Fprintf(w, ": mode %s", p.Mode)
+	if p.Layer != "" {
+		fmt.Fprintf(w, ", layer %s", p.Layer)
+	}
 	if p.Shadow {
 		fmt.Fprint(w, ", shadow (never denies)")
 	}
@@ -458,7 +542,7 @@ func writeReservations(w io.Writer, p *policies.Policy) {
 		case kvstate.Concurrency:
 			how = "held while the reservation is open; settle, release or expiry gives the hold back (never with time)"
 		case kvstate.TokenBucket, kvstate.GCRA:
-			how = "settle keeps the settled units spent and gives the rest back, up to the burst; expiry keeps the whole cost spent"
+			how = "settle keeps the settled units spent and gives the rest back, never more than the bucket would hold had they never been taken; expiry keeps the whole cost spent"
 		case kvstate.SlidingLog:
 			how = "settle shrinks the reservation's own log entry to the settled units; expiry keeps the whole cost"
 		default:

@@ -302,7 +302,7 @@ func probeRLS(ctx context.Context, cc *grpc.ClientConn, plan *benchPlan, c *benc
 		case time.Now().After(deadline) && err != nil:
 			return err
 		case time.Now().After(deadline):
-			return fmt.Errorf("no limit applies to domain %s, descriptor bench_run=%s, key=r0 (its config needs them: docs/protocol.md, "The Envoy rate limit service", Load)", rlsDomain, plan.run)
+			return fmt.Errorf("no limit applies to domain %s, descriptor bench_run=%s, key=r0 (its config needs them: docs/protocol.md, The Envoy rate limit service, Load)", rlsDomain, plan.run)
 		}
 		select {
 		case <-ctx.Done():

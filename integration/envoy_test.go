@@ -432,3 +432,52 @@ func TestEnvoyHealthAndReflection(t *testing.T) {
 		t.Fatalf("reflection lists %v, not %s", names, envoy.ServiceName)
 	}
 }
+
+// TestEnvoySecured: in a secured deployment a bridge on the node's
+// credentials (the limiter account, as `serve --auth` runs it) is trusted
+// with the descriptor's tenant entry; a bridge on a tenant's credentials
+// has its calls bound to that tenant: an entry naming another tenant is
+// refused (the service's 403), and a call without one spends the tenant's
+// own key.
+func TestEnvoySecured(t *testing.T) {
+	s := startSecured(t)
+	nodeConn := s.dial(t, s.d.NodeCreds(), nil)
+	n := startNodeOn(t, nodeConn, mesh.NodeConfig{Binder: binder(t, s, nodeConn)})
+	admin := s.dial(t, s.d.AdminCreds(), nil)
+	rev := putPolicy(t, admin, "rl_policies", "per-tenant",
+		`{"match":{"tenant":"*"},"key":["tenant"],"limits":[{"algorithm":"token_bucket","rate":"1/d","burst":2}]}`)
+	waitFor(t, "the policy on the node", func() bool { r, ok := n.PolicyRevision("per-tenant"); return ok && r >= rev })
+
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	bridgeOn := func(creds string) *envoy.Server {
+		srv, err := envoy.New(envoy.Config{Conn: s.dial(t, creds, nil), Policy: n.Policy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv
+	}
+	call := func(srv *envoy.Server, kv ...string) string {
+		t.Helper()
+		resp, err := srv.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{rlDesc(kv...)}})
+		if err != nil {
+			t.Fatalf("ShouldRateLimit %v: %v", kv, err)
+		}
+		return statusString(resp.Statuses[0])
+	}
+	trusted, acme := bridgeOn(s.d.NodeCreds()), bridgeOn(s.d.TenantCreds("acme"))
+	for _, step := range []struct {
+		srv  *envoy.Server
+		kv   []string
+		want string
+	}{
+		{trusted, []string{"tenant", "acme"}, "OK 1/DAY remaining 1 reset"},
+		{acme, []string{"tenant", "birch"}, "OVER_LIMIT"},
+		{acme, []string{"generic_key", "a"}, "OK 1/DAY remaining 0 reset"},
+		{trusted, []string{"tenant", "birch"}, "OK 1/DAY remaining 1 reset"},
+	} {
+		if got := call(step.srv, step.kv...); got != step.want {
+			t.Errorf("%v: %s, want %s", step.kv, got, step.want)
+		}
+	}
+}

@@ -328,7 +328,7 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 		}
 		defer el.Close()
 	}
-	reg := prometheus.NewRegistry()
+	var reg *prometheus.Registry // the node's (startNode), for the bridge's metrics
 
 	var (
 		nc      *nats.Conn
@@ -391,13 +391,12 @@ func runServe(ctx context.Context, args []string, s stdio) error {
 	if emb != nil && c.clusterListen != "" {
 		waitJetStream(startCtx, emb, log)
 	}
-	node, err := startNode(startCtx, nc, mesh.NodeConfig{
+	node, reg, err := startNode(startCtx, nc, mesh.NodeConfig{
 		Prefix:          c.prefix,
 		DecisionTimeout: c.decisionTimeout,
 		Replicas:        c.replicas,
 		StateTTL:        c.stateTTL,
 		Logger:          log,
-		Registry:        reg,
 		Partitions:      c.partitions,
 		LeaseTime:       c.lease,
 		NodeID:          c.nodeID,
@@ -466,28 +465,32 @@ const startAttempt = 5 * time.Second
 // cluster that is still forming, the meta leader may not be elected yet and
 // a bucket with several replicas cannot be created until enough servers
 // have joined.
-func startNode(ctx context.Context, nc *nats.Conn, cfg mesh.NodeConfig, log *slog.Logger) (*mesh.Node, error) {
+func startNode(ctx context.Context, nc *nats.Conn, cfg mesh.NodeConfig, log *slog.Logger) (*mesh.Node, *prometheus.Registry, error) {
 	for attempt := 1; ; attempt++ {
+		// A registry of its own for each attempt: a failed attempt's
+		// collectors stay registered in its registry.
+		reg := prometheus.NewRegistry()
+		cfg.Registry = reg
 		node, err := mesh.NewNode(nc, cfg)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		actx, cancel := context.WithTimeout(ctx, startAttempt)
 		err = node.Start(actx)
 		cancel()
 		if err == nil {
-			return node, nil
+			return node, reg, nil
 		}
 		stopCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = node.Stop(stopCtx)
 		cancel()
 		if ctx.Err() != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		log.Warn("node start failed, retrying", "attempt", attempt, "err", err)
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return nil, nil, err
 		case <-time.After(250 * time.Millisecond):
 		}
 	}

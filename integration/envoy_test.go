@@ -344,7 +344,9 @@ func TestEnvoyRecorded(t *testing.T) {
 	const key = "p.edge-ip.domain=edge.remote_address=10_2e2_2e0_2e1" // '.' escaped in keys
 	waitFor(t, "the usage records", func() bool {
 		recs := usageRecords(t, tn.nc)
-		return len(recs["rl.usage.edge-ip"]) == 4 && len(recs["rl.usage.edge-user"]) == 4
+		// The fourth request is over edge-ip's limit: all or nothing, it
+		// spends nothing of edge-user's (no record there).
+		return len(recs["rl.usage.edge-ip"]) == 4 && len(recs["rl.usage.edge-user"]) == 3
 	})
 	month := time.Now().UTC().Format("2006-01")
 	waitFor(t, "the ledger's totals", func() bool {
@@ -372,7 +374,8 @@ func TestEnvoyRecorded(t *testing.T) {
 	for series, want := range map[string]float64{
 		`limitmesh_decisions_total{policy="edge-ip",result="allowed"}`:   3,
 		`limitmesh_decisions_total{policy="edge-ip",result="denied"}`:    1,
-		`limitmesh_decisions_total{policy="edge-user",result="allowed"}`: 4,
+		`limitmesh_decisions_total{policy="edge-user",result="allowed"}`: 3,
+		`limitmesh_decisions_total{policy="edge-user",result="denied"}`:  1,
 		`limitmesh_envoy_requests_total{code="ok"}`:                      3,
 		`limitmesh_envoy_requests_total{code="over_limit"}`:              1,
 		`limitmesh_envoy_descriptors_total{result="allowed"}`:            7,

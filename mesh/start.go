@@ -371,9 +371,13 @@ func (n *Node) startDecide(ctx, bgctx context.Context, d decideParts) error {
 	for _, ep := range []struct {
 		name string
 		h    func(micro.Request)
-	}{{"reserve", n.svc.HandleReserve}, {"settle", n.svc.HandleSettle}, {"release", n.svc.HandleRelease}, {"renew", n.svc.HandleRenew}} {
+		subj string
+	}{{"reserve", n.svc.HandleReserve, "reserve"}, {"settle", n.svc.HandleSettle, "settle"}, {"release", n.svc.HandleRelease, "release"},
+		{"renew", n.svc.HandleRenew, "renew"},
+		// Several descriptors all or nothing (layers; the Envoy bridge).
+		{"decide_all", n.svc.HandleDecideAll, "decide.all"}} {
 		if err := svc.AddEndpoint(ep.name, micro.HandlerFunc(ep.h),
-			micro.WithEndpointSubject(n.cfg.Prefix+".v1."+ep.name),
+			micro.WithEndpointSubject(n.cfg.Prefix+".v1."+ep.subj),
 			micro.WithEndpointQueueGroup(QueueGroup),
 			micro.WithEndpointPendingLimits(-1, -1)); err != nil {
 			_ = svc.Stop()

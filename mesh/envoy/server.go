@@ -191,9 +191,9 @@ func (s *Server) setHealth() {
 }
 
 // ShouldRateLimit implements the RPC (CONTRACT.md §12): each descriptor is
-// mapped (Map) and decided by one decide request, all at once; the answer
-// is OVER_LIMIT when any descriptor is over, with one status per
-// descriptor. When any descriptor gets no decision (503, timeout, no
+// mapped (Map); one descriptor is decided by a decide request, several by
+// one decide_all request, all or nothing (decideAll); the answer is
+// OVER_LIMIT when any descriptor is over, with one status per descriptor. When any descriptor gets no decision (503, timeout, no
 // responders) the call fails with UNAVAILABLE, so that Envoy's
 // failure_mode_deny applies; an internal error of the service or a reply
 // that does not decode is INTERNAL; no descriptors, or more than
@@ -220,16 +220,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if len(descs) == 1 {
 		errs[0] = s.decide(ctx, domain, descs[0], hits, &outs[0])
 	} else {
-		var wg sync.WaitGroup
-		for i := 1; i < len(descs); i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[i] = s.decide(ctx, domain, descs[i], hits, &outs[i])
-			}()
-		}
-		errs[0] = s.decide(ctx, domain, descs[0], hits, &outs[0])
-		wg.Wait()
+		errs[0] = s.decideAll(ctx, domain, descs, hits, outs)
 	}
 	// The worst failure answers the call: no decision at all, then an
 	// internal error, then a cancelled call.
@@ -327,6 +318,74 @@ func (s *Server) decide(ctx context.Context, domain string, d *ratelimitv3.RateL
 		return status.Error(codes.Canceled, "limitmesh: the call was cancelled")
 	}
 	s.log.Warn("envoy: decide failed", "err", err.Error())
+	return status.Error(codes.Internal, "limitmesh: "+err.Error())
+}
+
+// decideAll maps and decides a request's descriptors all or nothing
+// (CONTRACT §12: as layers, §11): one decide_all request, so that when any
+// descriptor is over its limit none spends. A refused descriptor makes
+// the request over the limit: the others are then only read (dry runs).
+// It returns a gRPC status error when the whole call must fail.
+func (s *Server) decideAll(ctx context.Context, domain string, descs []*ratelimitv3.RateLimitDescriptor, hits uint32, outs []outcome) error {
+	var (
+		items   []client.Item
+		idx     []int
+		refused bool
+	)
+	for i, d := range descs {
+		o := &outs[i]
+		m, err := Map(domain, d, hits)
+		if err != nil {
+			o.err = err
+			s.refused(err)
+			refused = true
+			continue
+		}
+		o.m = m
+		if m.Skip {
+			continue
+		}
+		dims := make(map[string]string, len(m.Descriptor))
+		for _, dim := range m.Descriptor {
+			dims[dim.Name] = dim.Value
+		}
+		items = append(items, client.Item{Descriptor: dims, Cost: m.Cost, DryRun: m.DryRun})
+		idx = append(idx, i)
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	if refused {
+		for i := range items {
+			items[i].DryRun = true
+		}
+	}
+	_, results, err := s.client.DecideAll(ctx, items)
+	var se *client.ServiceError
+	switch {
+	case err == nil:
+		for k, i := range idx {
+			o := &outs[i]
+			o.res = results[k]
+			if o.res.Policy != "" && s.cfg.Policy != nil {
+				if p := s.cfg.Policy(o.res.Policy); p != nil {
+					o.pl = s.limits.get(p)
+				}
+			}
+		}
+		return nil
+	case errors.As(err, &se) && (se.Code == 400 || se.Code == 403 || se.Code == 413):
+		for _, i := range idx {
+			outs[i].err = fmt.Errorf("%w: the decide service answered %d: %s", ErrRefused, se.Code, se.Message)
+		}
+		s.refused(outs[idx[0]].err)
+		return nil
+	case client.IsUnavailable(err):
+		return status.Error(codes.Unavailable, "limitmesh: no decision: "+err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, "limitmesh: the call was cancelled")
+	}
+	s.log.Warn("envoy: decide_all failed", "err", err.Error())
 	return status.Error(codes.Internal, "limitmesh: "+err.Error())
 }
 

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/limitmesh/limitmesh/auth"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
@@ -180,10 +181,16 @@ func headersOf(o micro.RespondOpt) micro.Headers {
 
 // layerDecision is one multi-layer decision in progress.
 type layerDecision struct {
-	s      *Service
-	r      micro.Request
-	req    request
+	s *Service
+	r micro.Request
+	// Per call (one per layer of each descriptor): its request and
+	// policy, and its descriptor's index (decide_all; 0 otherwise).
+	reqs   []request
 	ps     []*policies.Policy
+	group  []int
+	all    bool // a decide_all request: one result per descriptor
+	groups int
+	dryRun bool
 	start  time.Time
 	caller string
 
@@ -206,7 +213,19 @@ func (s *Service) decideLayers(r micro.Request, req request, ps []*policies.Poli
 			return
 		}
 	}
-	ld := &layerDecision{s: s, r: r, req: req, ps: ps, start: start, caller: caller}
+	ld := &layerDecision{s: s, r: r, ps: ps, start: start, caller: caller, dryRun: req.dryRun, groups: 1}
+	ld.reqs = make([]request, len(ps))
+	ld.group = make([]int, len(ps))
+	for i := range ps {
+		ld.reqs[i] = req
+	}
+	ld.run(nil)
+}
+
+// run starts the decision's holds; bodies, when not nil, are the calls'
+// own decide bodies (decide_all), else each call forwards r's.
+func (ld *layerDecision) run(bodies [][]byte) {
+	r, ps := ld.r, ld.ps
 	var held []int
 	for i, p := range ps {
 		if p.Mode != policies.ModeLocal {
@@ -216,6 +235,9 @@ func (s *Service) decideLayers(r micro.Request, req request, ps []*policies.Poli
 	ld.calls = make([]*layerCall, len(ps))
 	for i := range ps {
 		ld.calls[i] = &layerCall{l: ld, i: i, data: r.Data(), hdr: r.Headers()}
+		if bodies != nil {
+			ld.calls[i].data = bodies[i]
+		}
 	}
 	if len(held) == 0 {
 		ld.finishHolds()
@@ -231,7 +253,7 @@ func (s *Service) decideLayers(r micro.Request, req request, ps []*policies.Poli
 func (ld *layerDecision) hold(i int) {
 	s := ld.s
 	c := ld.calls[i]
-	rq := &routed{s: s, r: c, op: opHold, p: ld.ps[i], req: ld.req, start: ld.start,
+	rq := &routed{s: s, r: c, op: opHold, p: ld.ps[i], req: ld.reqs[i], start: ld.start,
 		deadline: ld.start.Add(s.cfg.DecisionTimeout), noHint: true}
 	if err := s.holdOp(rq); err != nil {
 		c.code, c.msg = errorCode(err), err.Error()
@@ -277,7 +299,7 @@ func (ld *layerDecision) finishHolds() {
 			admitted = false
 		}
 	}
-	if admitted && !ld.req.dryRun {
+	if admitted && !ld.dryRun {
 		// Local layers, decided here once the others hold.
 		for i, p := range ld.ps {
 			if p.Mode != policies.ModeLocal || !admitted {
@@ -285,15 +307,15 @@ func (ld *layerDecision) finishHolds() {
 			}
 			admitted = ld.decideLocal(i)
 		}
-	} else if ld.req.dryRun {
+	} else if ld.dryRun {
 		for i, p := range ld.ps {
 			if p.Mode == policies.ModeLocal {
 				ld.decideLocal(i)
 			}
 		}
 	}
-	if admitted || ld.req.dryRun {
-		if !ld.req.dryRun {
+	if admitted || ld.dryRun {
+		if !ld.dryRun {
 			ld.commit()
 		}
 		ld.reply(nil)
@@ -324,13 +346,14 @@ func (ld *layerDecision) decideLocal(i int) bool {
 	s := ld.s
 	p := ld.ps[i]
 	c := ld.calls[i]
-	key, err := p.LimitKey(ld.req.desc)
+	req := ld.reqs[i]
+	key, err := p.LimitKey(req.desc)
 	if err != nil {
 		c.code, c.msg = "400", err.Error()
 		return false
 	}
 	now := s.cfg.Runtime.Now()
-	call := keys.Call{Policy: p, Cost: ld.req.cost, DryRun: ld.req.dryRun, Deadline: now.Add(s.cfg.DecisionTimeout).UnixNano(),
+	call := keys.Call{Policy: p, Cost: req.cost, DryRun: req.dryRun, Deadline: now.Add(s.cfg.DecisionTimeout).UnixNano(),
 		Done: finisherFunc(func(*keys.Call) {})}
 	s.cfg.Keys.Submit(key, &call, now.UnixNano(), nil) // local: decided before Submit returns
 	if call.Err != nil {
@@ -341,8 +364,8 @@ func (ld *layerDecision) decideLocal(i int) bool {
 	c.reply = holdReply{Allowed: d.Allowed, Policy: d.Policy, Revision: d.Revision,
 		Remaining:    json.Number(string(AppendMicro(nil, max(d.Remaining, 0)))),
 		RetryAfterMs: durationMillis(d.RetryAfter), ResetAfterMs: durationMillis(d.ResetAfter)}
-	if !ld.req.dryRun && s.cfg.Usage != nil {
-		rq := &routed{req: ld.req, key: key}
+	if !req.dryRun && s.cfg.Usage != nil {
+		rq := &routed{req: req, key: key}
 		s.record(rq, &call)
 	}
 	return d.Allowed
@@ -462,12 +485,16 @@ func (ld *layerDecision) reply(err error) {
 		}
 	}
 	if err != nil {
-		if !ld.req.dryRun {
+		if !ld.dryRun {
 			for _, p := range ld.ps {
 				s.m.decision(p.Name, resError)
 			}
 		}
 		s.replyError(ld.r, ld.ps[0].Name, ld.start, err)
+		return
+	}
+	if ld.all {
+		ld.replyAll()
 		return
 	}
 	admitted := true
@@ -482,7 +509,7 @@ func (ld *layerDecision) reply(err error) {
 	for i, c := range ld.calls {
 		rem := microOf(string(c.reply.Remaining))
 		if !admitted && c.reply.Allowed {
-			rem += ld.req.cost // released: as before the hold
+			rem += ld.reqs[i].cost // released: as before the hold
 		}
 		if remaining < 0 || rem < remaining {
 			remaining = rem
@@ -504,7 +531,7 @@ func (ld *layerDecision) reply(err error) {
 	if admitted {
 		res = resAllowed
 	}
-	if !ld.req.dryRun {
+	if !ld.dryRun {
 		for _, p := range ld.ps {
 			s.m.decision(p.Name, res)
 		}
@@ -541,7 +568,7 @@ func (ld *layerDecision) reply(err error) {
 		b = append(b, `,"remaining":`...)
 		rem := microOf(string(c.reply.Remaining))
 		if !admitted && c.reply.Allowed {
-			rem += ld.req.cost
+			rem += ld.reqs[i].cost
 		}
 		b = AppendMicro(b, max(rem, 0))
 		b = append(b, '}')
@@ -610,4 +637,188 @@ func codeError(code, msg string) error {
 		return fmt.Errorf("%w: %s", fail.ErrUnavailable, msg)
 	}
 	return fmt.Errorf("%w: a layer answered %s: %s", fail.ErrInternal, code, msg)
+}
+
+// decide_all (docs/protocol.md "Layers"): several descriptors decided all
+// or nothing, each by every layer it meets: what the Envoy bridge asks for
+// a request's descriptors (CONTRACT §12). Body:
+//
+//	{"descriptors":[{"descriptor":{...},"cost":3,"dry_run":false},...]}
+//
+// (at most MaxAllDescriptors, each as in a decide request; at most
+// MaxAllBytes). Reply: {"allowed":bool,"results":[<a decide reply per
+// descriptor, without layers>]}: allowed when every descriptor is; then
+// each spent in all its layers, else none spent anywhere (a dry_run
+// descriptor is only read). Errors as decide's.
+
+// MaxAllDescriptors is the most descriptors of one decide_all request.
+const MaxAllDescriptors = 64
+
+// MaxAllBytes is the largest decide_all body.
+const MaxAllBytes = 64 << 10
+
+// HandleDecideAll is the handler of the decide_all endpoint.
+func (s *Service) HandleDecideAll(r micro.Request) {
+	start := s.cfg.Runtime.Now()
+	s.inflight.Add(1)
+	var caller string
+	if s.cfg.Binder != nil {
+		c, err := s.cfg.Binder.Caller(r.Headers()[auth.RequestInfoHeader])
+		if err != nil {
+			s.replyError(r, "", start, err)
+			return
+		}
+		caller = c
+	}
+	reqs, err := decodeAll(r.Data())
+	if err != nil {
+		s.replyError(r, "", start, err)
+		return
+	}
+	snap := s.cfg.Policies.Snapshot()
+	ld := &layerDecision{s: s, r: r, start: start, caller: caller, all: true, groups: len(reqs), dryRun: true}
+	var bodies [][]byte
+	for g, req := range reqs {
+		if caller != "" {
+			own, _ := req.desc.Get("tenant")
+			if req.desc, err = bindTenant(req.desc, caller, own); err != nil {
+				s.replyError(r, "", start, err)
+				return
+			}
+		}
+		for _, p := range snap.MatchLayers(req.desc, nil) {
+			if p.ReservedOnly() {
+				s.replyError(r, p.Name, start, fmt.Errorf("%w: policy %q has a concurrency limit: it is reserved with %s.v1.reserve, not decided",
+					fail.ErrBadRequest, p.Name, s.prefix()))
+				return
+			}
+			ld.reqs = append(ld.reqs, req)
+			ld.ps = append(ld.ps, p)
+			ld.group = append(ld.group, g)
+			bodies = append(bodies, decideBody(req))
+		}
+		ld.dryRun = ld.dryRun && req.dryRun
+	}
+	ld.run(bodies)
+}
+
+// decodeAll decodes a decide_all body.
+func decodeAll(b []byte) ([]request, error) {
+	if len(b) > MaxAllBytes {
+		return nil, fmt.Errorf("%w: body is %d bytes, at most %d", fail.ErrTooLarge, len(b), MaxAllBytes)
+	}
+	var body struct {
+		Descriptors []json.RawMessage `json:"descriptors"`
+	}
+	if err := json.Unmarshal(b, &body); err != nil {
+		return nil, fmt.Errorf("%w: %v", fail.ErrBadRequest, err)
+	}
+	if n := len(body.Descriptors); n == 0 || n > MaxAllDescriptors {
+		return nil, fmt.Errorf("%w: descriptors: %d, want 1..%d", fail.ErrBadRequest, n, MaxAllDescriptors)
+	}
+	out := make([]request, len(body.Descriptors))
+	for i, d := range body.Descriptors {
+		req, err := decodeRequest(d) // each item is a decide body
+		if err != nil {
+			return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
+		}
+		out[i] = req
+	}
+	return out, nil
+}
+
+// decideBody is the decide body of req (a layer's hold forwarded to its
+// key's owner re-decodes it).
+func decideBody(req request) []byte {
+	b := []byte(`{"descriptor":{`)
+	for i, d := range req.desc {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendQuoted(b, d.Name)
+		b = append(b, ':')
+		b = appendQuoted(b, d.Value)
+	}
+	b = append(b, `},"cost":`...)
+	b = AppendMicro(b, req.cost)
+	if req.dryRun {
+		b = append(b, `,"dry_run":true`...)
+	}
+	return append(b, '}')
+}
+
+// replyAll answers a decide_all request: one decide reply per
+// descriptor, each combining its layers as decide does.
+func (ld *layerDecision) replyAll() {
+	s := ld.s
+	admitted := true
+	for _, c := range ld.calls {
+		admitted = admitted && c.reply.Allowed
+	}
+	res := resDenied
+	if admitted {
+		res = resAllowed
+	}
+	if !ld.dryRun {
+		for _, p := range ld.ps {
+			s.m.decision(p.Name, res)
+		}
+	}
+	b := []byte(`{"allowed":`)
+	b = strconv.AppendBool(b, admitted)
+	b = append(b, `,"results":[`...)
+	for g := range ld.groups {
+		if g > 0 {
+			b = append(b, ',')
+		}
+		var d keyrec.Decision
+		d.Allowed = true
+		best, first := holdReply{}, true
+		remaining := int64(-1)
+		for i, c := range ld.calls {
+			if ld.group[i] != g {
+				continue
+			}
+			rem := microOf(string(c.reply.Remaining))
+			if !admitted && c.reply.Allowed && c.reply.Reservation != "" {
+				rem += ld.reqs[i].cost // released
+			}
+			switch {
+			case first:
+				best = c.reply
+			case !c.reply.Allowed && (best.Allowed || longerRetry(c.reply.RetryAfterMs, best.RetryAfterMs)):
+				best = c.reply
+			case c.reply.Allowed && best.Allowed && rem < remaining:
+				best = c.reply
+			}
+			if first || rem < remaining {
+				remaining = rem
+			}
+			first = false
+			d.Allowed = d.Allowed && c.reply.Allowed
+		}
+		if first { // no policy matched: not limited
+			b = appendReply(b, keyrec.Decision{Allowed: true}, -1)
+			continue
+		}
+		b = append(b, `{"allowed":`...)
+		b = strconv.AppendBool(b, d.Allowed)
+		b = append(b, `,"policy":`...)
+		b = appendQuoted(b, best.Policy)
+		b = append(b, `,"revision":`...)
+		b = strconv.AppendUint(b, best.Revision, 10)
+		b = append(b, `,"remaining":`...)
+		b = AppendMicro(b, max(remaining, 0))
+		retry := best.RetryAfterMs
+		if d.Allowed {
+			retry = 0
+		}
+		b = append(b, `,"retry_after_ms":`...)
+		b = strconv.AppendInt(b, retry, 10)
+		b = append(b, `,"reset_after_ms":`...)
+		b = strconv.AppendInt(b, best.ResetAfterMs, 10)
+		b = append(b, '}')
+	}
+	b = append(b, "]}"...)
+	s.replyRaw(ld.r, ld.start, b)
 }

@@ -181,13 +181,7 @@ func appendReservations(dst []byte, r *Record) []byte {
 			}
 			body = binary.AppendUvarint(body, e)
 		}
-		body = binary.AppendUvarint(body, uint64(len(v.Desc)))
-		for _, d := range v.Desc {
-			body = binary.AppendUvarint(body, uint64(len(d.Name)))
-			body = append(body, d.Name...)
-			body = binary.AppendUvarint(body, uint64(len(d.Value)))
-			body = append(body, d.Value...)
-		}
+		body = appendDims(body, v.Desc)
 	}
 	dst = append(dst, sectionReservations)
 	dst = binary.AppendUvarint(dst, uint64(len(body)))
@@ -270,23 +264,11 @@ func decodeReservations(r *reader, rec *Record) {
 					r.fail("room")
 				}
 			}
-			nd := r.uvarint("dimensions")
-			if r.err == nil && nd > policies.MaxDims {
-				r.fail("reservation dimensions")
-			}
+			dims := r.dims()
 			if r.err != nil {
 				return
 			}
-			dims := make([]policies.Dim, 0, nd)
-			for j := uint64(0); j < nd && r.err == nil; j++ {
-				name := string(r.bytes(r.uvarint("dimension name length"), "dimension name"))
-				value := string(r.bytes(r.uvarint("dimension value length"), "dimension value"))
-				dims = append(dims, policies.Dim{Name: name, Value: value})
-			}
-			if r.err != nil {
-				return
-			}
-			if nd > 0 {
+			if len(dims) > 0 {
 				d, err := policies.NewDescriptor(dims)
 				if err != nil {
 					r.fail("reservation descriptor: " + err.Error())

@@ -70,13 +70,7 @@ func AppendUsage(dst []byte, us []Usage) []byte {
 		dst = binary.AppendVarint(dst, u.Cost)
 		dst = binary.AppendUvarint(dst, uint64(len(u.RequestID)))
 		dst = append(dst, u.RequestID...)
-		dst = binary.AppendUvarint(dst, uint64(len(u.Desc)))
-		for _, d := range u.Desc {
-			dst = binary.AppendUvarint(dst, uint64(len(d.Name)))
-			dst = append(dst, d.Name...)
-			dst = binary.AppendUvarint(dst, uint64(len(d.Value)))
-			dst = append(dst, d.Value...)
-		}
+		dst = appendDims(dst, u.Desc)
 		if form2 {
 			dst = binary.AppendUvarint(dst, uint64(len(u.Reservation)))
 			dst = append(dst, u.Reservation...)
@@ -115,19 +109,7 @@ func DecodeUsage(b []byte) ([]Usage, error) {
 		u.Revision = r.uvarint("usage revision")
 		u.Cost = r.varint("usage cost")
 		u.RequestID = string(r.bytes(r.uvarint("request_id length"), "request_id"))
-		nd := r.uvarint("dimensions")
-		if r.err == nil && nd > policies.MaxDims {
-			r.fail("too many dimensions")
-		}
-		if r.err != nil {
-			break // nd is unchecked: allocate nothing by it
-		}
-		dims := make([]policies.Dim, 0, nd)
-		for j := uint64(0); j < nd && r.err == nil; j++ {
-			name := string(r.bytes(r.uvarint("dimension name length"), "dimension name"))
-			value := string(r.bytes(r.uvarint("dimension value length"), "dimension value"))
-			dims = append(dims, policies.Dim{Name: name, Value: value})
-		}
+		dims := r.dims()
 		if r.err != nil {
 			break
 		}
@@ -177,4 +159,36 @@ func reservationProblem(s string) string {
 		i += size
 	}
 	return ""
+}
+
+// appendDims appends a descriptor's dimensions: uvarint n, n × (uvarint
+// len name, name, uvarint len value, value).
+func appendDims(dst []byte, d policies.Descriptor) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(d)))
+	for _, x := range d {
+		dst = binary.AppendUvarint(dst, uint64(len(x.Name)))
+		dst = append(dst, x.Name...)
+		dst = binary.AppendUvarint(dst, uint64(len(x.Value)))
+		dst = append(dst, x.Value...)
+	}
+	return dst
+}
+
+// dims reads what appendDims wrote (at most policies.MaxDims; the caller
+// makes a Descriptor of them, which validates them).
+func (r *reader) dims() []policies.Dim {
+	n := r.uvarint("dimensions")
+	if r.err == nil && n > policies.MaxDims {
+		r.fail("too many dimensions")
+	}
+	if r.err != nil {
+		return nil // n is unchecked: allocate nothing by it
+	}
+	dims := make([]policies.Dim, 0, n)
+	for j := uint64(0); j < n && r.err == nil; j++ {
+		name := string(r.bytes(r.uvarint("dimension name length"), "dimension name"))
+		value := string(r.bytes(r.uvarint("dimension value length"), "dimension value"))
+		dims = append(dims, policies.Dim{Name: name, Value: value})
+	}
+	return dims
 }

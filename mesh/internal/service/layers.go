@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/limitmesh/limitmesh/auth"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
@@ -661,14 +660,9 @@ const MaxAllBytes = 64 << 10
 func (s *Service) HandleDecideAll(r micro.Request) {
 	start := s.cfg.Runtime.Now()
 	s.inflight.Add(1)
-	var caller string
-	if s.cfg.Binder != nil {
-		c, err := s.cfg.Binder.Caller(r.Headers()[auth.RequestInfoHeader])
-		if err != nil {
-			s.replyError(r, "", start, err)
-			return
-		}
-		caller = c
+	caller, ok := s.callerOf(r, start)
+	if !ok {
+		return
 	}
 	reqs, err := decodeAll(r.Data())
 	if err != nil {

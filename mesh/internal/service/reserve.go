@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/limitmesh/limitmesh/auth"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
@@ -96,14 +95,9 @@ func (s *Service) handleRes(r micro.Request, kind resKind) {
 			}
 		}
 	}()
-	var caller string
-	if s.cfg.Binder != nil {
-		c, err := s.cfg.Binder.Caller(r.Headers()[auth.RequestInfoHeader])
-		if err != nil {
-			s.replyError(r, "", start, err)
-			return
-		}
-		caller = c
+	caller, ok := s.callerOf(r, start)
+	if !ok {
+		return
 	}
 	rq := &routed{s: s, r: r, op: kind, start: start, deadline: start.Add(s.cfg.DecisionTimeout), noHint: caller != ""}
 	var err error

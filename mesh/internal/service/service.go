@@ -155,15 +155,9 @@ func (s *Service) Handle(r micro.Request) {
 			}
 		}
 	}()
-	// In a secured deployment the tenant is the calling account's.
-	var caller string
-	if s.cfg.Binder != nil {
-		c, err := s.cfg.Binder.Caller(r.Headers()[auth.RequestInfoHeader])
-		if err != nil {
-			s.replyError(r, "", start, err)
-			return
-		}
-		caller = c
+	caller, ok := s.callerOf(r, start)
+	if !ok {
+		return
 	}
 	snap := s.cfg.Policies.Snapshot()
 	var (
@@ -257,6 +251,21 @@ func (s *Service) Handle(r micro.Request) {
 	}
 	handed = true
 	s.route(rq, start)
+}
+
+// callerOf returns, in a secured deployment, the tenant of the account r
+// came from ("" when unsecured). When that cannot be told it answers r
+// with the error and reports false.
+func (s *Service) callerOf(r micro.Request, start time.Time) (string, bool) {
+	if s.cfg.Binder == nil {
+		return "", true
+	}
+	c, err := s.cfg.Binder.Caller(r.Headers()[auth.RequestInfoHeader])
+	if err != nil {
+		s.replyError(r, "", start, err)
+		return "", false
+	}
+	return c, true
 }
 
 // route decides rq here when this node serves its partition (or the

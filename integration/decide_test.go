@@ -268,10 +268,11 @@ func TestServiceDiscovery(t *testing.T) {
 	if err := json.Unmarshal(m.Data, &info); err != nil {
 		t.Fatal(err)
 	}
-	// Endpoints: decide, lease (gateways' sub-grants, leased mode) and
-	// the reservations' (CONTRACT §10).
+	// Endpoints: decide, lease (gateways' sub-grants, leased mode), the
+	// reservations' (CONTRACT §10) and decide_all (several descriptors all
+	// or nothing: the Envoy bridge's).
 	want := map[string]string{"decide": "rl.v1.decide", "lease": "rl.v1.lease", "reserve": "rl.v1.reserve",
-		"settle": "rl.v1.settle", "release": "rl.v1.release", "renew": "rl.v1.renew"}
+		"settle": "rl.v1.settle", "release": "rl.v1.release", "renew": "rl.v1.renew", "decide_all": "rl.v1.decide.all"}
 	ok := info.Name == "limitmesh" && len(info.Endpoints) == len(want)
 	for _, e := range info.Endpoints {
 		ok = ok && want[e.Name] == e.Subject && e.QueueGroup == "limitmesh"

@@ -1,10 +1,16 @@
 package cli
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/limitmesh/limitmesh/mesh"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestPolicyExplainFile(t *testing.T) {
@@ -54,5 +60,56 @@ func TestPolicyExplainFile(t *testing.T) {
 				t.Errorf("%v: output lacks %q:\n%s", tc.args, w, out)
 			}
 		}
+	}
+}
+
+// TestPolicyExplainDescriptor: --descriptor lists the layers a descriptor
+// meets (one policy each, the best of its layer), skipping candidates, and
+// the largest bound the request is decided within.
+func TestPolicyExplainDescriptor(t *testing.T) {
+	emb, err := mesh.StartEmbedded(mesh.EmbeddedConfig{Listen: "127.0.0.1:-1", DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	nc, err := nats.Connect(emb.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "rl_policies", History: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, doc := range map[string]string{
+		"per-user":   `{"match":{"tenant":"*","user":"*"},"key":["tenant","user"],"layer":"user","limits":[{"algorithm":"token_bucket","rate":"5/s","burst":5}]}`,
+		"tenant-agg": `{"match":{"tenant":"*"},"key":["tenant"],"layer":"tenant","mode":"local","limits":[{"algorithm":"token_bucket","rate":"20/s","burst":8}]}`,
+		"acme-agg":   `{"match":{"tenant":"acme"},"key":["tenant"],"layer":"tenant","limits":[{"algorithm":"token_bucket","rate":"20/s","burst":20}]}`,
+		"candidate":  `{"match":{"tenant":"*"},"layer":"other","shadow":true,"limits":[{"algorithm":"token_bucket","rate":"1/s","burst":1}]}`,
+		"protect":    `{"match":{"destination":"search"},"layer":"protection","mode":"local","limits":[{"algorithm":"token_bucket","rate":"50/s","burst":50}]}`,
+	} {
+		if _, err := kv.Put(ctx, name, []byte(doc)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, errOut := run(t, nil, "policy", "explain", "--nats-url", emb.ClientURL(), "--nodes", "3",
+		"--descriptor", "tenant=acme,user=u1,destination=search")
+	if code != 0 {
+		t.Fatalf("exit %d: %s%s", code, out, errOut)
+	}
+	for _, w := range []string{"meets 3 layer(s)", "layer protection: policy protect", "layer tenant: policy acme-agg",
+		"layer user: policy per-user", "decided within the largest bound of its layers: 100 units (protect/token_bucket)"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+	if strings.Contains(out, "candidate") || strings.Contains(out, "tenant-agg") {
+		t.Errorf("output names a candidate or a policy its layer does not pick:\n%s", out)
+	}
+	if code, out, _ := run(t, nil, "policy", "explain", "--nats-url", emb.ClientURL(), "--descriptor", "other=x"); code != 0 || !strings.Contains(out, "no policy matches") {
+		t.Errorf("unmatched: exit %d\n%s", code, out)
 	}
 }

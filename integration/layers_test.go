@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/mesh"
+	"github.com/limitmesh/limitmesh/mesh/client"
 	"github.com/nats-io/nats.go"
 )
 
@@ -195,3 +197,37 @@ func TestLayersUnderLoad(t *testing.T) {
 // near reports whether units a are b give or take what a 1/h bucket
 // refills while a test runs.
 func near(a, b float64) bool { return a >= b && a < b+0.01 }
+
+// TestDecideAll: the SDK's DecideAll (the node's decide_all endpoint, the
+// Envoy bridge's): several descriptors all or nothing; when one is
+// denied, the others spend nothing.
+func TestDecideAll(t *testing.T) {
+	e := server(t, t.TempDir())
+	tn := startNode(t, e, mesh.NodeConfig{UsageInterval: 50 * time.Millisecond, LeaseTime: ownershipLease})
+	putLayerPolicies(t, tn.nc, tn)
+	c, err := client.New(connect(t, e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	user := map[string]string{"tenant": "acme", "user": "u5"}
+	search := map[string]string{"destination": "search-cluster"}
+	allowed, res, err := c.DecideAll(ctx, []client.Item{{Descriptor: user, Cost: 5}, {Descriptor: search, Cost: 1}})
+	if err != nil || !allowed || len(res) != 2 || !res[0].Allowed || !res[1].Allowed || res[1].Policy != "search-protect" {
+		t.Fatalf("first: %v %+v %v", allowed, res, err)
+	}
+	// u5's budget is spent: the pair is denied, and the search limit
+	// spends nothing.
+	allowed, res, err = c.DecideAll(ctx, []client.Item{{Descriptor: user, Cost: 1}, {Descriptor: search, Cost: 10}})
+	if err != nil || allowed || res[0].Allowed || res[0].Policy != "per-user" || !res[1].Allowed {
+		t.Fatalf("second: %v %+v %v", allowed, res, err)
+	}
+	if r := decide(t, tn.nc, "rl.v1.decide", req(search, `"dry_run":true`)); !near(r.Remaining, 48) {
+		t.Fatalf("the search limit after the denied pair: %+v (want 48 left after a request of 1)", r)
+	}
+	// A descriptor no policy matches is admitted, and does not stop the rest.
+	allowed, res, err = c.DecideAll(ctx, []client.Item{{Descriptor: map[string]string{"other": "x"}, Cost: 1}, {Descriptor: search, Cost: 1}})
+	if err != nil || !allowed || res[0].Policy != "" || !res[1].Allowed {
+		t.Fatalf("unmatched: %v %+v %v", allowed, res, err)
+	}
+}

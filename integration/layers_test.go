@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"sync"
 	"testing"
 	"time"
@@ -230,4 +231,137 @@ func TestDecideAll(t *testing.T) {
 	if err != nil || !allowed || res[0].Policy != "" || !res[1].Allowed {
 		t.Fatalf("unmatched: %v %+v %v", allowed, res, err)
 	}
+}
+
+// TestLayersOwnerKilled: the §18 layers on three serve processes, under
+// load from every process; the owner of the tenant aggregate's key is
+// SIGKILLed mid-load. No layer admits beyond its burst (the rates are
+// 1/h: the bursts are the contract), every request a client saw admitted
+// spent in every layer, and once HoldTTL has passed no hold is left: the
+// layers' spends, read by dry runs, stay where they are.
+func TestLayersOwnerKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kill test with three processes")
+	}
+	procs := startProcs(t, procSpec{n: 3})
+	urls := clientURLs(procs)
+	admin := connectURLs(t, urls...)
+	policies := map[string]string{
+		"per-user":       `{"match":{"tenant":"*","user":"*"},"key":["tenant","user"],"layer":"user","limits":[{"algorithm":"token_bucket","rate":"1/h","burst":120}]}`,
+		"tenant-agg":     `{"match":{"tenant":"*"},"key":["tenant"],"layer":"tenant","limits":[{"algorithm":"token_bucket","rate":"1/h","burst":300}]}`,
+		"search-protect": `{"match":{"destination":"search-cluster"},"layer":"protection","limits":[{"algorithm":"token_bucket","rate":"1/h","burst":1000}]}`,
+	}
+	for name, doc := range policies {
+		rev := putPolicy(t, admin, "rl_policies", name, doc)
+		waitProcsApplied(t, name, rev, procs...)
+	}
+	conns := make([]*nats.Conn, len(procs))
+	for i := range procs {
+		conns[i] = connectURLs(t, append(urls[i:i+1:i+1], urls...)...)
+	}
+	var (
+		mu       sync.Mutex
+		admitted = map[string]int{}
+		failed   int // lost or 503: may have spent (L3, L4)
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, v := range admitted {
+			n += v
+		}
+		return n
+	}
+	for g := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nc := conns[g%len(conns)]
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				user := fmt.Sprintf("u%d", (g+i)%4)
+				m, err := nc.Request("rl.v1.decide", []byte(userReq(user, "")), 2*time.Second)
+				if err != nil || m.Header.Get("Nats-Service-Error-Code") != "" {
+					mu.Lock()
+					failed++ // lost or 503: its holds end within HoldTTL
+					mu.Unlock()
+					continue
+				}
+				var r layeredReply
+				if json.Unmarshal(m.Data, &r) == nil && r.Allowed {
+					mu.Lock()
+					admitted[user]++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	waitFor(t, "admissions before the kill", func() bool { return count() >= 60 })
+	h := fnv.New32a()
+	h.Write([]byte("p.tenant-agg.tenant=acme"))
+	owner := procOfNode(t, procs, partOwner(admin, int(h.Sum32()%64)))
+	if owner < 0 {
+		t.Fatal("no process owns the tenant key's partition")
+	}
+	before := count()
+	procs[owner].kill()
+	survivor := conns[(owner+1)%len(conns)]
+	waitWithin(t, faultTimeout, "admissions after the kill", func() bool { return count() > before+20 || count() >= 300 })
+	close(stop)
+	wg.Wait()
+	total := 0
+	for u, n := range admitted {
+		if n > 120 {
+			t.Errorf("user %s admitted %d, its burst is 120", u, n)
+		}
+		total += n
+	}
+	if total > 300 {
+		t.Errorf("admitted %d, the tenant's burst is 300", total)
+	}
+	// Holds end within HoldTTL (1 s): then the layers are still.
+	var still layeredReply
+	waitWithin(t, faultTimeout, "the layers still", func() bool {
+		still = layeredDecide(t, survivor, userReq("u9", `"dry_run":true`))
+		time.Sleep(1500 * time.Millisecond)
+		again := layeredDecide(t, survivor, userReq("u9", `"dry_run":true`))
+		if still.Code != "" || again.Code != "" || len(still.Layers) != 3 {
+			return false
+		}
+		for name, v := range again.remaining() {
+			if !near(v, still.remaining()[name]) { // a 1/h refill moves it by less
+				return false
+			}
+		}
+		return true
+	})
+	rem := still.remaining()
+	// A dry run denied (the tenant spent) shows what the layers hold; one
+	// admitted shows it less the request's 1.
+	adj := 0.0
+	if still.Allowed {
+		adj = 1
+	}
+	// Every admission spent in every layer, and no layer beyond its burst.
+	// A request answered 503 or lost may have spent in some layers (its
+	// holds that could not be released, or whose coordinator died, end as
+	// spent: L3, L4), at most once per such request and layer.
+	tenantSpent := 300 - rem["tenant-agg"] - adj
+	protectSpent := 1000 - rem["search-protect"] - adj
+	for name, spent := range map[string]float64{"tenant": tenantSpent, "protection": protectSpent} {
+		if spent < float64(total)-0.01 || spent > float64(total+failed)+0.01 {
+			t.Errorf("admitted %d, %d lost or 503: the %s layer spent %v", total, failed, name, spent)
+		}
+	}
+	if tenantSpent > 300.01 {
+		t.Errorf("the tenant layer spent %v, beyond its burst", tenantSpent)
+	}
+	t.Logf("killed %s; admitted %d (%v), %d lost or 503; spent: tenant %v, protection %v", procs[owner].name, total, admitted, failed, tenantSpent, protectSpent)
 }

@@ -3,6 +3,7 @@ package policies
 import (
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/apd/v3"
@@ -304,4 +305,18 @@ func allZero(s string) bool {
 		}
 	}
 	return true
+}
+
+// ParseUnits parses a non-negative decimal number of units (the decimal
+// syntax above; 0 allowed, no upper bound below int64) into micro-units:
+// what replies carry ("remaining", "settled").
+func ParseUnits(s string) (int64, error) {
+	if z, ok := strings.CutPrefix(s, "0"); ok && (z == "" || len(z) >= 2 && len(z) <= 7 && z[0] == '.' && strings.Trim(z[1:], "0") == "") {
+		return 0, nil
+	}
+	v, reason := parseMicro(s, math.MaxInt64)
+	if reason != "" {
+		return 0, invalid("units", strconv.Quote(s)+" "+reason)
+	}
+	return v, nil
 }

@@ -83,7 +83,8 @@ func (o *owner) decideRes(rec *keyrec.Record, c *Call, p *policies.Policy, now i
 	op := c.Res
 	// A call decided again (after a lost compare-and-swap, or a blind
 	// decision dropped for a load) starts over: its results are this
-	// decision's only (the simulation's R1 found a stale NotFound).
+	// decision's only: an answer never carries an earlier decision's
+	// "not found" or ending (docs/protocol.md, R1).
 	op.Res, op.Again, op.NotFound, op.Ended = keyrec.Reservation{}, false, false, [keyrec.Expired + 1]int{}
 	c.mode = policies.ModeStrict // written before the reply, whatever p's mode
 	c.At = now

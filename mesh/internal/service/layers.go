@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -492,40 +491,7 @@ func (ld *layerDecision) reply(err error) {
 		s.replyError(ld.r, ld.ps[0].Name, ld.start, err)
 		return
 	}
-	if ld.all {
-		ld.replyAll()
-		return
-	}
-	admitted := true
-	for _, c := range ld.calls {
-		admitted = admitted && c.reply.Allowed
-	}
-	// The deciding layer: the denying one with the longest retry, or the
-	// admitting one with the least remaining.
-	best := -1
-	var bestRem int64
-	remaining := int64(-1)
-	for i, c := range ld.calls {
-		rem := microOf(string(c.reply.Remaining))
-		if !admitted && c.reply.Allowed {
-			rem += ld.reqs[i].cost // released: as before the hold
-		}
-		if remaining < 0 || rem < remaining {
-			remaining = rem
-		}
-		switch {
-		case best < 0:
-			best, bestRem = i, rem
-		case !admitted:
-			b := ld.calls[best].reply
-			if !c.reply.Allowed && (b.Allowed || longerRetry(c.reply.RetryAfterMs, b.RetryAfterMs)) {
-				best, bestRem = i, rem
-			}
-		case rem < bestRem:
-			best, bestRem = i, rem
-		}
-	}
-	br := ld.calls[best].reply
+	admitted := ld.admitted()
 	res := resDenied
 	if admitted {
 		res = resAllowed
@@ -535,23 +501,13 @@ func (ld *layerDecision) reply(err error) {
 			s.m.decision(p.Name, res)
 		}
 	}
-	b := []byte(`{"allowed":`)
-	b = strconv.AppendBool(b, admitted)
-	b = append(b, `,"policy":`...)
-	b = appendQuoted(b, br.Policy)
-	b = append(b, `,"revision":`...)
-	b = strconv.AppendUint(b, br.Revision, 10)
-	b = append(b, `,"remaining":`...)
-	b = AppendMicro(b, max(remaining, 0))
-	retry := br.RetryAfterMs
-	if admitted {
-		retry = 0
+	if ld.all {
+		ld.replyAll(admitted)
+		return
 	}
-	b = append(b, `,"retry_after_ms":`...)
-	b = strconv.AppendInt(b, retry, 10)
-	b = append(b, `,"reset_after_ms":`...)
-	b = strconv.AppendInt(b, br.ResetAfterMs, 10)
-	b = append(b, `,"layers":[`...)
+	d, _ := ld.combine(0, admitted)
+	b := appendReply(nil, d, -1)
+	b = append(b[:len(b)-1], `,"layers":[`...)
 	for i, c := range ld.calls {
 		if i > 0 {
 			b = append(b, ',')
@@ -565,15 +521,76 @@ func (ld *layerDecision) reply(err error) {
 		b = append(b, `,"allowed":`...)
 		b = strconv.AppendBool(b, c.reply.Allowed)
 		b = append(b, `,"remaining":`...)
-		rem := microOf(string(c.reply.Remaining))
-		if !admitted && c.reply.Allowed {
-			rem += ld.reqs[i].cost
-		}
-		b = AppendMicro(b, max(rem, 0))
+		b = AppendMicro(b, max(ld.holds(i, admitted), 0))
 		b = append(b, '}')
 	}
 	b = append(b, "]}"...)
 	s.replyRaw(ld.r, ld.start, b)
+}
+
+// admitted reports whether every call admitted.
+func (ld *layerDecision) admitted() bool {
+	for _, c := range ld.calls {
+		if !c.reply.Allowed {
+			return false
+		}
+	}
+	return true
+}
+
+// holds returns what call i's layer holds as the decision leaves it: its
+// reply's remaining, plus the cost when its hold was released (the
+// decision denied) or, for a denied decide dry run, would have been.
+func (ld *layerDecision) holds(i int, admitted bool) int64 {
+	c := ld.calls[i]
+	rem := microOf(string(c.reply.Remaining))
+	if !admitted && c.reply.Allowed && (c.reply.Reservation != "" || ld.dryRun && !ld.all) {
+		rem += ld.reqs[i].cost
+	}
+	return rem
+}
+
+// combine returns the decision of descriptor group g's layers (CONTRACT
+// §11): allowed when each admitted; the policy, revision and times of the
+// denying layer with the longest retry, or of the admitting one with the
+// least left; the least left. false when no layer matched g.
+func (ld *layerDecision) combine(g int, admitted bool) (keyrec.Decision, bool) {
+	best, remaining := -1, int64(0)
+	allowed := true
+	for i, c := range ld.calls {
+		if ld.group[i] != g {
+			continue
+		}
+		rem := ld.holds(i, admitted)
+		if best < 0 || rem < remaining {
+			remaining = rem
+		}
+		switch {
+		case best < 0:
+			best = i
+		case !c.reply.Allowed:
+			if b := ld.calls[best].reply; b.Allowed || longerRetry(c.reply.RetryAfterMs, b.RetryAfterMs) {
+				best = i
+			}
+		case ld.calls[best].reply.Allowed && rem < ld.holds(best, admitted):
+			best = i
+		}
+		allowed = allowed && c.reply.Allowed
+	}
+	if best < 0 {
+		return keyrec.Decision{Allowed: true}, false
+	}
+	br := ld.calls[best].reply
+	d := keyrec.Decision{Allowed: allowed, Policy: br.Policy, Revision: br.Revision, Remaining: remaining,
+		ResetAfter: br.ResetAfterMs * int64(time.Millisecond)}
+	switch {
+	case allowed:
+	case br.RetryAfterMs < 0:
+		d.RetryAfter = kvstate.Never
+	default:
+		d.RetryAfter = br.RetryAfterMs * int64(time.Millisecond)
+	}
+	return d, true
 }
 
 // longerRetry reports whether retry a (ms, -1 never) is longer than b.
@@ -590,37 +607,17 @@ func longerRetry(a, b int64) bool {
 // microOf parses a reply's decimal number of units into micro-units (0
 // when it is not one).
 func microOf(s string) int64 {
-	whole, frac, _ := strings.Cut(s, ".")
-	w, err := strconv.ParseInt(whole, 10, 64)
-	if err != nil || len(frac) > 6 {
+	v, err := policies.ParseUnits(s)
+	if err != nil {
 		return 0
-	}
-	v := w * kvstate.Unit
-	if frac != "" {
-		f, err := strconv.ParseInt(frac+strings.Repeat("0", 6-len(frac)), 10, 64)
-		if err != nil {
-			return 0
-		}
-		v += f
 	}
 	return v
 }
 
 // errorCode is the micro error code replyError gives err.
 func errorCode(err error) string {
-	switch {
-	case errors.Is(err, fail.ErrTooLarge):
-		return "413"
-	case errors.Is(err, fail.ErrBadRequest), errors.Is(err, policies.ErrInvalid):
-		return "400"
-	case errors.Is(err, fail.ErrForbidden):
-		return "403"
-	case errors.Is(err, fail.ErrUnavailable), errors.Is(err, fail.ErrFenced):
-		return "503"
-	case errors.Is(err, errNotFound):
-		return "404"
-	}
-	return "500"
+	code, _, _ := classify(err)
+	return code
 }
 
 // codeError turns a layer's error reply back into the error to answer.
@@ -743,21 +740,7 @@ func decideBody(req request) []byte {
 
 // replyAll answers a decide_all request: one decide reply per
 // descriptor, each combining its layers as decide does.
-func (ld *layerDecision) replyAll() {
-	s := ld.s
-	admitted := true
-	for _, c := range ld.calls {
-		admitted = admitted && c.reply.Allowed
-	}
-	res := resDenied
-	if admitted {
-		res = resAllowed
-	}
-	if !ld.dryRun {
-		for _, p := range ld.ps {
-			s.m.decision(p.Name, res)
-		}
-	}
+func (ld *layerDecision) replyAll(admitted bool) {
 	b := []byte(`{"allowed":`)
 	b = strconv.AppendBool(b, admitted)
 	b = append(b, `,"results":[`...)
@@ -765,54 +748,9 @@ func (ld *layerDecision) replyAll() {
 		if g > 0 {
 			b = append(b, ',')
 		}
-		var d keyrec.Decision
-		d.Allowed = true
-		best, first := holdReply{}, true
-		remaining := int64(-1)
-		for i, c := range ld.calls {
-			if ld.group[i] != g {
-				continue
-			}
-			rem := microOf(string(c.reply.Remaining))
-			if !admitted && c.reply.Allowed && c.reply.Reservation != "" {
-				rem += ld.reqs[i].cost // released
-			}
-			switch {
-			case first:
-				best = c.reply
-			case !c.reply.Allowed && (best.Allowed || longerRetry(c.reply.RetryAfterMs, best.RetryAfterMs)):
-				best = c.reply
-			case c.reply.Allowed && best.Allowed && rem < remaining:
-				best = c.reply
-			}
-			if first || rem < remaining {
-				remaining = rem
-			}
-			first = false
-			d.Allowed = d.Allowed && c.reply.Allowed
-		}
-		if first { // no policy matched: not limited
-			b = appendReply(b, keyrec.Decision{Allowed: true}, -1)
-			continue
-		}
-		b = append(b, `{"allowed":`...)
-		b = strconv.AppendBool(b, d.Allowed)
-		b = append(b, `,"policy":`...)
-		b = appendQuoted(b, best.Policy)
-		b = append(b, `,"revision":`...)
-		b = strconv.AppendUint(b, best.Revision, 10)
-		b = append(b, `,"remaining":`...)
-		b = AppendMicro(b, max(remaining, 0))
-		retry := best.RetryAfterMs
-		if d.Allowed {
-			retry = 0
-		}
-		b = append(b, `,"retry_after_ms":`...)
-		b = strconv.AppendInt(b, retry, 10)
-		b = append(b, `,"reset_after_ms":`...)
-		b = strconv.AppendInt(b, best.ResetAfterMs, 10)
-		b = append(b, '}')
+		d, _ := ld.combine(g, admitted) // no layer: not limited
+		b = appendReply(b, d, -1)
 	}
 	b = append(b, "]}"...)
-	s.replyRaw(ld.r, ld.start, b)
+	ld.s.replyRaw(ld.r, ld.start, b)
 }

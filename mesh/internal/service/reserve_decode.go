@@ -207,11 +207,11 @@ func decodeTTL(v jsonValue) (int64, error) {
 // parseSettleCost parses a settle's cost: a cost (policies.ParseCost) or
 // zero ("0", "0.0", ...).
 func parseSettleCost(s string) (int64, error) {
-	if z, ok := strings.CutPrefix(s, "0"); ok && (z == "" || len(z) >= 2 && len(z) <= 7 && z[0] == '.' && strings.Trim(z[1:], "0") == "") {
+	c, err := policies.ParseUnits(s)
+	if err == nil && c == 0 {
 		return 0, nil
 	}
-	c, err := policies.ParseCost(s)
-	if err != nil {
+	if c, err = policies.ParseCost(s); err != nil {
 		return 0, fmt.Errorf("%w: %v", fail.ErrBadRequest, err)
 	}
 	return c, nil

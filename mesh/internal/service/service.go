@@ -437,23 +437,7 @@ func (s *Service) respond(r micro.Request, data []byte) error {
 // replyError answers with a micro error: code, description and the JSON
 // body {"error": symbol, "message": text} (CONTRACT.md §2).
 func (s *Service) replyError(r micro.Request, policy string, start time.Time, err error, opts ...micro.RespondOpt) {
-	code, symbol, sentinel := "500", "internal", fail.ErrInternal
-	switch {
-	case errors.Is(err, fail.ErrTooLarge):
-		code, symbol, sentinel = "413", "too_large", fail.ErrTooLarge
-	case errors.Is(err, fail.ErrBadRequest), errors.Is(err, policies.ErrInvalid):
-		code, symbol, sentinel = "400", "bad_request", fail.ErrBadRequest
-	case errors.Is(err, fail.ErrForbidden):
-		code, symbol, sentinel = "403", "forbidden", fail.ErrForbidden
-	case errors.Is(err, auth.ErrForbidden):
-		code, symbol, sentinel = "403", "forbidden", auth.ErrForbidden
-	case errors.Is(err, auth.ErrLookup):
-		code, symbol, sentinel = "503", "unavailable", auth.ErrLookup
-	case errors.Is(err, fail.ErrUnavailable), errors.Is(err, fail.ErrFenced):
-		code, symbol, sentinel = "503", "unavailable", fail.ErrUnavailable
-	case errors.Is(err, errNotFound):
-		code, symbol, sentinel = "404", "not_found", errNotFound
-	}
+	code, symbol, sentinel := classify(err)
 	// The symbol already says what the sentinel says: the message is the
 	// rest ("descriptor.plan: missing; …", not "mesh: bad request: …").
 	msg := strings.TrimPrefix(err.Error(), sentinel.Error()+": ")
@@ -474,6 +458,28 @@ func (s *Service) prefix() string {
 		return "rl"
 	}
 	return s.cfg.Prefix
+}
+
+// classify returns the micro error code, symbol and sentinel of err
+// (CONTRACT.md §2, §10): the one mapping of errors to answers.
+func classify(err error) (code, symbol string, sentinel error) {
+	switch {
+	case errors.Is(err, fail.ErrTooLarge):
+		return "413", "too_large", fail.ErrTooLarge
+	case errors.Is(err, fail.ErrBadRequest), errors.Is(err, policies.ErrInvalid):
+		return "400", "bad_request", fail.ErrBadRequest
+	case errors.Is(err, fail.ErrForbidden):
+		return "403", "forbidden", fail.ErrForbidden
+	case errors.Is(err, auth.ErrForbidden):
+		return "403", "forbidden", auth.ErrForbidden
+	case errors.Is(err, auth.ErrLookup):
+		return "503", "unavailable", auth.ErrLookup
+	case errors.Is(err, fail.ErrUnavailable), errors.Is(err, fail.ErrFenced):
+		return "503", "unavailable", fail.ErrUnavailable
+	case errors.Is(err, errNotFound):
+		return "404", "not_found", errNotFound
+	}
+	return "500", "internal", fail.ErrInternal
 }
 
 // toOverflow makes rq a call for its policy's overflow key (CONTRACT.md

@@ -84,8 +84,13 @@ func TestLayersAllOrNothing(t *testing.T) {
 	putLayerPolicies(t, tn.nc, tn)
 
 	for i := range 5 {
-		if r := layeredDecide(t, tn.nc, userReq("u1", "")); r.Code != "" || !r.Allowed || len(r.Layers) != 4 {
+		r := layeredDecide(t, tn.nc, userReq("u1", ""))
+		if r.Code != "" || !r.Allowed || len(r.Layers) != 4 {
 			t.Fatalf("u1 request %d: %+v", i, r)
+		}
+		// Admitted: the layer with the least left names the reply.
+		if r.Policy != "per-user" || !near(r.Remaining, float64(4-i)) || r.RetryAfterMs != 0 {
+			t.Fatalf("u1 request %d: %+v, want per-user with %d left", i, r, 4-i)
 		}
 	}
 	// u1's own budget is spent: the user layer denies, and nothing is

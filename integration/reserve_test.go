@@ -209,7 +209,17 @@ func TestReservationsOwnerKilled(t *testing.T) {
 	for _, o := range all {
 		var s resReply
 		waitWithin(t, faultTimeout, "settling "+o.id, func() bool {
-			s = resRequest(t, survivor, "rl.v1.settle", settleBody(o.id, fmt.Sprintf(`"cost":%d`, o.settle)))
+			// While the partition moves a request may go unanswered, or
+			// be answered 503: ask again.
+			m, err := survivor.Request("rl.v1.settle", []byte(settleBody(o.id, fmt.Sprintf(`"cost":%d`, o.settle))), testTimeout)
+			if err != nil {
+				return false
+			}
+			s = resReply{reply: reply{Partition: -1}}
+			if err := json.Unmarshal(m.Data, &s); err != nil {
+				t.Fatalf("settle reply %q: %v", m.Data, err)
+			}
+			s.Code = m.Header.Get(micro.ErrorCodeHeader)
 			return s.Code != "503"
 		})
 		if s.Code != "" || s.Outcome != "settled" || s.Settled != float64(o.settle) || s.Returned != float64(10-o.settle) {

@@ -1,6 +1,6 @@
 // Command limitmesh runs a limitmesh node and talks to one.
 //
-// See the README for the commands; the implementation lives in package cli so
+// See docs/cli.md for the commands; the implementation lives in package cli so
 // that it can be imported and tested.
 package main
 

@@ -267,7 +267,7 @@ func TestLayersOwnerKilled(t *testing.T) {
 	var (
 		mu       sync.Mutex
 		admitted = map[string]int{}
-		failed   int // lost or 503: may have spent (L3, L4)
+		failed   int // lost or 503: may have spent (A3, A4)
 		stop     = make(chan struct{})
 		wg       sync.WaitGroup
 	)
@@ -357,7 +357,7 @@ func TestLayersOwnerKilled(t *testing.T) {
 	// Every admission spent in every layer, and no layer beyond its burst.
 	// A request answered 503 or lost may have spent in some layers (its
 	// holds that could not be released, or whose coordinator died, end as
-	// spent: L3, L4), at most once per such request and layer.
+	// spent: A3, A4), at most once per such request and layer.
 	tenantSpent := 300 - rem["tenant-agg"] - adj
 	protectSpent := 1000 - rem["search-protect"] - adj
 	for name, spent := range map[string]float64{"tenant": tenantSpent, "protection": protectSpent} {

@@ -13,7 +13,9 @@ import (
 // order ([ledgerCore.apply]), writes what changed ([ledgerCore.dirty]) and
 // only then acknowledges the messages.
 //
-// Exactly once. A record counts in its policy's day and month entries:
+// Exactly once (the ledger's half of invariant I6, docs/protocol.md; U1-U3
+// are the journal's half). A record counts in its policy's day and month
+// entries:
 //
 //  1. A stream message is applied to an entry only if the entry's Seq (the
 //     last message applied to it, stored with it) is below the message's

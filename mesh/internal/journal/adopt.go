@@ -46,7 +46,7 @@ func (j *Journal) Mark(p int, epoch uint64, timeout time.Duration, done func(err
 // sequence as a read reports it: a stream leader cut off from the others
 // answers reads until it learns it was replaced, with the messages it had,
 // while the barrier's sequence comes from the current leader, and every
-// batch of p this node committed is below it.
+// batch of p this node committed is below it (invariant J11).
 func (j *Journal) barrier(p int, gen uint64, deadline time.Time, done func(uint64, error)) {
 	j.w.enqueue(&write{barrier: true, part: p, gen: gen, deadline: deadline,
 		done: func(rev uint64, err error) { done(rev&revSeqMask, err) }})

@@ -267,7 +267,7 @@ func (u *usageIDs) Add(node, boot string, seq uint64, idx uint32, key string, re
 }
 func (u *usageIDs) Sync(done func(error)) { done(nil) }
 
-// TestUnknownOutcomeKeepsTheMessage (J12, K3): an append whose outcome is
+// TestUnknownOutcomeKeepsTheMessage (J13, K3): an append whose outcome is
 // unknown is sent again as the same message (same nonce, same records and
 // usage) while it may still land, so the resync that finds it landed
 // commits it: its records are journalled once and its usage keeps the ids

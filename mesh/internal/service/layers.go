@@ -43,6 +43,10 @@ import (
 // as spent within HoldTTL. While a decision is under way its cost is held
 // in the layers that admitted it: at most the request's cost per layer,
 // for at most the decision timeout (then HoldTTL if the coordinator died).
+// These are invariants A1-A4 of docs/protocol.md: a hold is a strict
+// admission by the layer's owner (A1); admitted means held everywhere and
+// committed or presumed committed (A2); denied means every hold released
+// before the answer (A3); holds bounded in cost and time (A4).
 //
 // Local-mode layers are decided by the coordinator itself after the holds
 // (they cannot be held); a local layer that denies makes the request
@@ -286,7 +290,8 @@ func (ld *layerDecision) answered(c *layerCall) {
 }
 
 // finishHolds runs once every hold is answered: local layers, then commit
-// or release.
+// or release. It answers admitted only when every non-local layer held
+// (A2) and, when one denied, only after the releases are written (A3).
 func (ld *layerDecision) finishHolds() {
 	admitted := true
 	for i, c := range ld.calls {

@@ -1,6 +1,10 @@
 package ownership
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/limitmesh/limitmesh/internal/fence"
+)
 
 // The ownership core: which partitions of the key space this node owns,
 // as a deterministic state machine over what it observed in the shards
@@ -27,14 +31,15 @@ import "slices"
 //   - a node claims a free partition whose target it is, with a CAS write on
 //     the entry's revision; the epoch is the revision of that claiming write
 //     (greater than every earlier epoch of the partition, since revisions
-//     only grow). It renews every lease/3 with a CAS write that keeps the
+//     only grow: O2). It renews every lease/3 with a CAS write that keeps the
 //     epoch. A partition it owns but whose target is another node it
 //     releases: stop serving, drain, drop cached keys, delete the entry with
 //     CAS (so the target claims it at once);
-//   - self-fencing: an owner serves a partition only until 2/3 of the lease
-//     after the send instant of its last successful claim or renewal, so it
-//     stops before any other node (which waits the whole lease from a later
-//     instant, when it saw that write) may claim;
+//   - self-fencing (O1): an owner serves a partition only until 2/3 of the
+//     lease after the send instant of its last successful claim or
+//     renewal, so it stops before any other node (which waits the whole
+//     lease from a later instant, when it saw that write) may claim. The
+//     rule's arithmetic, shared with the elector, is package fence;
 //   - an entry that names another node while this node thinks it owns the
 //     partition (or a lost CAS on renewal) means the partition was lost.
 
@@ -107,7 +112,7 @@ type shardOp struct {
 type shardCore struct {
 	self    string
 	parts   int
-	lease   int64 // ns
+	lease   fence.Lease // the rule of O1 and O6 over the lease, ns
 	leaving bool  // releasing everything (graceful stop); no longer a member
 
 	members map[string]memberObs
@@ -148,7 +153,7 @@ func newShardCore(self string, parts int, lease int64) *shardCore {
 	return &shardCore{
 		self:    self,
 		parts:   parts,
-		lease:   lease,
+		lease:   fence.Lease(lease),
 		members: make(map[string]memberObs),
 		obs:     make([]partObs, parts),
 		mine:    make([]holding, parts),
@@ -216,7 +221,7 @@ func (c *shardCore) liveNodes(now int64) []string {
 		c.live = append(c.live, c.self)
 	}
 	for id, m := range c.members {
-		if id != c.self && now-m.seen < c.lease {
+		if id != c.self && !c.lease.Free(m.seen, now) {
 			c.live = append(c.live, id)
 		}
 	}
@@ -224,20 +229,23 @@ func (c *shardCore) liveNodes(now int64) []string {
 	return c.live
 }
 
-// free reports whether partition n may be claimed at now.
+// free reports whether partition n may be claimed at now: its entry is
+// absent, or unchanged for a whole lease as observed here (O1).
 func (c *shardCore) free(n int, now int64) bool {
 	o := c.obs[n]
-	return !o.exists || now-o.seen >= c.lease
+	return !o.exists || c.lease.Free(o.seen, now)
 }
 
 // serving reports whether this node may decide partition n's keys at now,
-// and until when (exclusive; monotonic ns).
+// and until when (exclusive; monotonic ns): its self-fence, 2/3 of the
+// lease after the send instant of its last claim or renewal that landed
+// (O1).
 func (c *shardCore) serving(n int, now int64) (until int64, ok bool) {
 	h := c.mine[n]
 	if h.state != holdOwned && h.state != holdRenewing {
 		return 0, false
 	}
-	until = h.renewedAt + c.lease*2/3
+	until = c.lease.Until(h.renewedAt)
 	return until, now < until
 }
 
@@ -251,7 +259,7 @@ func (c *shardCore) holds(n int) bool {
 // tick returns the operations to issue at now.
 func (c *shardCore) tick(now int64) []shardOp {
 	var ops []shardOp
-	if !c.leaving && !c.beating && now >= c.beatAfter && (c.lastBeat == 0 || now-c.lastBeat >= c.lease/3) && c.watchLive() {
+	if !c.leaving && !c.beating && now >= c.beatAfter && (c.lastBeat == 0 || now >= c.lease.RenewAt(c.lastBeat)) && c.watchLive() {
 		c.beating = true
 		ops = append(ops, shardOp{kind: opHeartbeat, at: now})
 	}
@@ -285,7 +293,7 @@ func (c *shardCore) tick(now int64) []shardOp {
 				// Our claim whose adoption did not finish, and the
 				// partition is another node's now: deleting the entry
 				// would lose its sources. It expires; the next claimer
-				// adopts from them (and from us).
+				// adopts from them (and from us) (invariant O7).
 			case o.exists && o.node == c.self && c.kept[n] == o.rev:
 				// Our entry whose release failed: it expires, and the
 				// next claimer adopts from our journal.
@@ -298,11 +306,11 @@ func (c *shardCore) tick(now int64) []shardOp {
 		case holdOwned:
 			switch {
 			case target != c.self:
-				until := h.renewedAt + c.lease*2/3
+				until := c.lease.Until(h.renewedAt)
 				h.state = holdReleasing
 				c.releases++
 				ops = append(ops, shardOp{kind: opRelease, part: n, rev: h.rev, at: now, until: until})
-			case now-h.renewedAt >= c.lease/3 && now >= h.retryAt:
+			case now >= c.lease.RenewAt(h.renewedAt) && now >= h.retryAt:
 				h.state = holdRenewing
 				h.sentAt = now
 				ops = append(ops, shardOp{kind: opRenew, part: n, rev: h.rev, epoch: h.epoch, at: now})
@@ -360,18 +368,12 @@ func (c *shardCore) claimed(op shardOp, rev uint64, err error, now int64) {
 }
 
 // claimBackoff is the pause after the fails'th consecutive failed claim of
-// a partition: lease/32, doubling, at most lease/4. A claim that fails at
-// once (its tenure marker or the shards bucket refused) is not sent again
-// at every tick, so a node whose journal or shards bucket fails does not
-// spend its time on claims that keep failing (invariant O6 of
-// docs/protocol.md).
-func (c *shardCore) claimBackoff(fails int) int64 {
-	d := c.lease / 32
-	for i := 1; i < fails && d < c.lease/4; i++ {
-		d *= 2
-	}
-	return min(d, c.lease/4)
-}
+// a partition: lease/32, doubling, at most lease/4 (fence.Lease.Backoff).
+// A claim that fails at once (its tenure marker or the shards bucket
+// refused) is not sent again at every tick, so a node whose journal or
+// shards bucket fails does not spend its time on claims that keep failing
+// (invariant O6 of docs/protocol.md).
+func (c *shardCore) claimBackoff(fails int) int64 { return c.lease.Backoff(fails) }
 
 // renewed reports the result of an opRenew. A conflict loses the
 // partition; another error keeps it (serving stops by time if renewals
@@ -398,7 +400,7 @@ func (c *shardCore) renewed(op shardOp, rev uint64, err error, conflict bool, no
 // fails at once (a closed connection) must not be sent again at once, in a
 // loop that takes the CPU the live nodes need for their own renewals
 // (invariant O6 of docs/protocol.md).
-func (c *shardCore) retryPause() int64 { return c.lease / 16 }
+func (c *shardCore) retryPause() int64 { return c.lease.RetryPause() }
 
 // renewLanded reports an opRenew that came back as a conflict although it
 // had landed: the entry at rev names this node in op's epoch (a renewal
@@ -470,7 +472,7 @@ func (c *shardCore) watchLive() bool {
 // heartbeat for a third of a lease after it was sent: the driver should
 // watch anew.
 func (c *shardCore) watchStale(now int64) bool {
-	return !c.watchLive() && now-c.lastBeat > c.lease/3
+	return !c.watchLive() && now > c.lease.RenewAt(c.lastBeat)
 }
 
 // settled reports whether every partition is held by this node or owned by

@@ -113,7 +113,7 @@ type shardCore struct {
 	self    string
 	parts   int
 	lease   fence.Lease // the rule of O1 and O6 over the lease, ns
-	leaving bool  // releasing everything (graceful stop); no longer a member
+	leaving bool        // releasing everything (graceful stop); no longer a member
 
 	members map[string]memberObs
 	obs     []partObs

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/elector"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/journal"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
@@ -558,7 +559,7 @@ func (n *Node) startLedger(ctx, bgctx context.Context, js jetstream.JetStream) e
 	if err != nil {
 		return fmt.Errorf("mesh: usage ledger: %w", err)
 	}
-	el := usage.NewElector(rec.KV(), usage.LedgerLeaderKey, n.cfg.NodeID, n.cfg.LeaseTime, n.log)
+	el := elector.New(rec.KV(), usage.LedgerLeaderKey, n.cfg.NodeID, n.cfg.LeaseTime, n.log)
 	n.bg.Go(func() { _ = el.Run(bgctx, rec.Run) })
 	return nil
 }

@@ -12,7 +12,7 @@
 // over the same records count exactly the same.
 //
 // Around it: [Evaluator] (one active across the nodes, elected with
-// usage.Elector) consumes the usage stream with the durable consumer
+// internal/elector) consumes the usage stream with the durable consumer
 // usage.ShadowConsumer, learns the candidates from the policy bucket,
 // spreads them over a few workers (each a Replay holding some of them),
 // writes the summaries to the KV bucket <prefix>_shadow at least once a

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limitmesh/limitmesh/internal/elector"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 	"github.com/limitmesh/limitmesh/usage"
@@ -70,7 +71,7 @@ type Config struct {
 var prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 
 // Evaluator is the live shadow evaluator of CONTRACT.md §7. Every node
-// runs one; an elector (usage.Elector on key leader.shadow of
+// runs one; an elector (internal/elector, on key leader.shadow of
 // <prefix>_shadow) makes one of them active at a time. The active one:
 //
 //   - follows the candidates: the valid policies with "shadow": true in
@@ -180,7 +181,7 @@ func (e *Evaluator) Run(ctx context.Context) error {
 			return nil
 		}
 	}
-	el := usage.NewElector(kv, LeaderKey, e.cfg.NodeID, e.cfg.Lease, e.log)
+	el := elector.New(kv, LeaderKey, e.cfg.NodeID, e.cfg.Lease, e.log)
 	return el.Run(ctx, func(ctx context.Context) error {
 		e.m.leader.Set(1)
 		defer e.m.leader.Set(0)

@@ -9,7 +9,7 @@ import "errors"
 var ErrInvalid = errors.New("usage: invalid batch")
 
 // ErrClosed is returned by [Publisher.Sync] and [Publisher.Close] once the
-// publisher is closed, and by [Elector.Run] when it is called twice.
+// publisher is closed.
 var ErrClosed = errors.New("usage: closed")
 
 // ErrConfig is matched by the errors the constructors return for an
@@ -17,7 +17,7 @@ var ErrClosed = errors.New("usage: closed")
 var ErrConfig = errors.New("usage: invalid configuration")
 
 // ErrConflict is returned, wrapped, when a compare-and-swap write of the
-// ledger or of an elector's lease lost against another writer. The
+// ledger lost against another writer. The
 // reconciler handles it itself (it reloads and applies again); it is
 // exported for tests and logs.
 var ErrConflict = errors.New("usage: revision conflict")

@@ -72,7 +72,7 @@ type ReconcilerConfig struct {
 // for the rules). Garbage on the usage subjects is skipped, counted in
 // limitmesh_usage_invalid_total and acknowledged.
 //
-// Run it under an [Elector] (one active at a time): Run is the job. A
+// Run it under an elector (internal/elector: one active at a time): Run is the job. A
 // second reconciler running at the same time would not double count (every
 // write is a compare-and-swap and the per-entry sequences hold), but the
 // two would keep conflicting.
@@ -165,7 +165,7 @@ func EnsureLedger(ctx context.Context, js jetstream.JetStream, prefix string, re
 
 // NewReconciler returns a reconciler of the usage stream of cfg.Prefix,
 // creating the ledger bucket if it is missing. It does not start: run
-// [Reconciler.Run] (under an Elector on [Reconciler.KV], key
+// [Reconciler.Run] (under an elector on [Reconciler.KV], key
 // LedgerLeaderKey).
 func NewReconciler(ctx context.Context, js jetstream.JetStream, cfg ReconcilerConfig) (*Reconciler, error) {
 	if cfg.Prefix == "" {
@@ -228,7 +228,7 @@ func NewReconciler(ctx context.Context, js jetstream.JetStream, cfg ReconcilerCo
 	}, nil
 }
 
-// KV is the ledger bucket (the reconciler's Elector keeps its lease there).
+// KV is the ledger bucket (the reconciler's elector keeps its lease there).
 func (r *Reconciler) KV() jetstream.KeyValue { return r.kv }
 
 // Applied returns the last usage stream sequence this reconciler wrote to

@@ -19,7 +19,7 @@ import (
 //	w.<origin>                        the journalled-record watermarks of an origin
 //	wh.<sha-256 of origin, hex>       the same, for an origin that is not a valid KV key
 //	cursor                            the last stream sequence wholly applied
-//	leader.ledger                     the reconciler's lease (Elector)
+//	leader.ledger                     the reconciler's lease (its elector)
 //
 // Policy names ([a-z0-9][a-z0-9_-]{0,63}), periods (2026-12, 2026-12-03)
 // and limit keys (p.<policy>...., policies/KEYS.md) are valid KV key
@@ -32,7 +32,7 @@ const (
 	marksPrefix  = "w."
 	marksHashed  = "wh."
 	cursorKey    = "cursor"
-	// LedgerLeaderKey is the lease entry of the reconciler's Elector in the
+	// LedgerLeaderKey is the lease entry of the reconciler's elector in the
 	// ledger bucket.
 	LedgerLeaderKey = "leader.ledger"
 )

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/elector"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -282,7 +283,7 @@ func TestLedgerFailover(t *testing.T) {
 	type member struct {
 		nc *nats.Conn
 		r  *Reconciler
-		e  *Elector
+		e  *elector.Elector
 	}
 	var members []*member
 	for _, node := range []string{"a", "b"} {
@@ -291,7 +292,7 @@ func TestLedgerFailover(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		e := NewElector(r.KV(), LedgerLeaderKey, node, 1500*time.Millisecond, nil)
+		e := elector.New(r.KV(), LedgerLeaderKey, node, 1500*time.Millisecond, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { e.Run(ctx, r.Run); close(done) }()

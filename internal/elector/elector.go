@@ -1,7 +1,18 @@
-package usage
+// Package elector runs a job on one node at a time among the nodes that
+// share a KV entry: the usage ledger's reconciler (mesh wires it) and the
+// shadow evaluator (shadow). The lease's timing is package fence's rule,
+// the one partition ownership keeps; core.go is that lease as a pure state
+// machine, elector.go the driver that does the KV reads and writes and runs
+// the job (docs/protocol.md, "The elector").
+//
+// elector imports fence and nats.go's jetstream, nothing else of the
+// module.
+package elector
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/fence"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -21,7 +33,7 @@ import (
 // once; when a holder dies without deleting, another takes over within
 // about 1.33 lease (it must see the entry unchanged for a whole lease).
 //
-// Create one with [NewElector] and call [Elector.Run] once. Leader is safe
+// Create one with [New] and call [Elector.Run] once. Leader is safe
 // for concurrent use.
 type Elector struct {
 	kv    jetstream.KeyValue
@@ -47,28 +59,31 @@ type leaseValue struct {
 	LeaseMs int64  `json:"lease_ms"`
 }
 
-// NewElector returns an elector for the entry key of bucket kv (for
+// New returns an elector for the entry key of bucket kv (for
 // example key "leader.ledger" of the ledger bucket) naming nodeID as the
 // holder. lease is the lease duration (at least 30 ms; a few seconds in
 // production: a dead holder's job moves within about 1.33 lease). log may
 // be nil.
-func NewElector(kv jetstream.KeyValue, key, nodeID string, lease time.Duration, log *slog.Logger) *Elector {
+func New(kv jetstream.KeyValue, key, nodeID string, lease time.Duration, log *slog.Logger) *Elector {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
 	return &Elector{
-		kv: kv, key: key, node: nodeID, id: NewBoot(), lease: lease,
+		kv: kv, key: key, node: nodeID, id: hex.EncodeToString(id[:]), lease: lease,
 		log:  log.With("elector", key),
 		base: time.Now(),
 	}
 }
 
-func (e *Elector) mono() time.Duration { return time.Since(e.base) }
+// mono is the elector's monotonic clock, ns.
+func (e *Elector) mono() int64 { return int64(time.Since(e.base)) }
 
 // Leader reports whether this elector leads now (its job may run).
 func (e *Elector) Leader() bool {
 	f := e.fence.Load()
-	return f != 0 && int64(e.mono()) < f
+	return f != 0 && e.mono() < f
 }
 
 // Run takes part in the election until ctx is done, running job whenever
@@ -78,7 +93,8 @@ func (e *Elector) Leader() bool {
 // again after JobRestartDelay (its error is logged). When ctx ends, Run
 // waits for job to return, deletes the entry if it still holds it, and
 // returns nil. Run returns ErrClosed when called a second time, or an
-// error wrapping ErrConfig for an invalid lease or key.
+// error wrapping ErrConfig for a lease below 30 ms or a key that is not a
+// valid KV key (jetstream.ErrInvalidKey).
 func (e *Elector) Run(ctx context.Context, job func(ctx context.Context) error) error {
 	if !e.ran.CompareAndSwap(false, true) {
 		return ErrClosed
@@ -86,16 +102,13 @@ func (e *Elector) Run(ctx context.Context, job func(ctx context.Context) error) 
 	if e.lease < 30*time.Millisecond {
 		return fmt.Errorf("%w: lease %v is below 30ms", ErrConfig, e.lease)
 	}
-	if !ValidKVKey(e.key) {
-		return fmt.Errorf("%w: lease key %q", ErrConfig, e.key)
-	}
 	value, _ := json.Marshal(leaseValue{Node: e.node, ID: e.id, LeaseMs: e.lease.Milliseconds()})
-	core := leaseCore{lease: e.lease}
+	core := leaseCore{lease: fence.Lease(e.lease)}
 	var (
 		jobCancel  context.CancelFunc
 		jobDone    chan error
 		fenceTimer *time.Timer
-		restartAt  time.Duration
+		restartAt  int64
 	)
 	stopJob := func() {
 		if jobCancel == nil {
@@ -130,7 +143,7 @@ func (e *Elector) Run(ctx context.Context, job func(ctx context.Context) error) 
 		now := e.mono()
 		leads := core.leads(now)
 		if leads {
-			e.fence.Store(int64(core.fence))
+			e.fence.Store(core.fence)
 		} else {
 			e.fence.Store(0)
 		}
@@ -150,7 +163,7 @@ func (e *Elector) Run(ctx context.Context, job func(ctx context.Context) error) 
 			jctx, cancel := context.WithCancel(ctx)
 			done := make(chan error, 1)
 			jobCancel, jobDone = cancel, done
-			fenceTimer = time.AfterFunc(core.fence-now, cancel)
+			fenceTimer = time.AfterFunc(time.Duration(core.fence-now), cancel)
 			go func() { done <- job(jctx) }()
 		}
 
@@ -167,6 +180,8 @@ func (e *Elector) Run(ctx context.Context, job func(ctx context.Context) error) 
 				core.observe(e.mono(), true, ent.Revision(), v.ID == e.id)
 			case errors.Is(err, jetstream.ErrKeyNotFound):
 				core.observe(e.mono(), false, 0, false)
+			case errors.Is(err, jetstream.ErrInvalidKey):
+				return fmt.Errorf("%w: lease key %q", ErrConfig, e.key)
 			default:
 				if ctx.Err() == nil {
 					e.log.Debug("read failed", "err", err)
@@ -191,7 +206,7 @@ func (e *Elector) Run(ctx context.Context, job func(ctx context.Context) error) 
 			case err == nil:
 				core.wrote(sendAt, now, writeOK, rev)
 				if jobCancel != nil && fenceTimer.Stop() {
-					fenceTimer.Reset(core.fence - now)
+					fenceTimer.Reset(time.Duration(core.fence - now))
 				}
 			case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists):
 				core.wrote(sendAt, now, writeConflict, 0)
@@ -206,7 +221,7 @@ func (e *Elector) Run(ctx context.Context, job func(ctx context.Context) error) 
 			if leads && jobCancel == nil && restartAt > now {
 				wait = min(wait, restartAt-now)
 			}
-			t := time.NewTimer(wait)
+			t := time.NewTimer(time.Duration(wait))
 			select {
 			case <-ctx.Done():
 			case <-t.C:
@@ -218,7 +233,7 @@ func (e *Elector) Run(ctx context.Context, job func(ctx context.Context) error) 
 				if err != nil && !errors.Is(err, context.Canceled) {
 					e.log.Warn("job failed; restarting", "err", err, "after", JobRestartDelay)
 				}
-				restartAt = e.mono() + JobRestartDelay
+				restartAt = e.mono() + int64(JobRestartDelay)
 			}
 			t.Stop()
 		}

@@ -1,13 +1,12 @@
-package usage
+package elector
 
-import "time"
+import "github.com/limitmesh/limitmesh/internal/fence"
 
-// leaseCore is the arithmetic of an [Elector]'s lease, free of I/O and
-// clocks: the driver feeds it what it observed and what its writes
-// returned, with the instants (monotonic, on the driver's own clock), and
-// asks it what to do next and whether it leads.
-//
-// The rules (lease L):
+// leaseCore is the arithmetic of an [Elector]'s lease, free of I/O and clocks:
+// the driver feeds it what it observed and what its writes returned, with
+// the instants (ns of the driver's own monotonic clock), and asks it what
+// to do next and whether it leads. The timing is package fence's rule,
+// the one partition ownership keeps (O1 and O6 of docs/protocol.md):
 //
 //   - The holder renews with compare-and-swap on the entry's revision
 //     every L/3 after the send instant of its last successful write, and
@@ -18,27 +17,23 @@ import "time"
 //     an entry whose revision it has seen unchanged for a whole L on its
 //     own clock, from the first read that returned that revision, with
 //     compare-and-swap on that revision.
+//   - A read or write that gets no answer is retried after L/16.
 //
-// Any successful write was sent before the entry held its revision, and
-// every other elector's first read of that revision came after; so a
-// takeover happens at least L after the holder's last successful send,
-// while the holder stopped 2L/3 after it: L/3 of margin for clock rate
-// differences and for the job to wind down. Clocks of different nodes are
-// never compared. Whatever the timing, two writers never both succeed
-// against the same revision.
+// Whatever the timing, two writers never both succeed against the same
+// revision.
 type leaseCore struct {
-	lease time.Duration
+	lease fence.Lease
 
-	known    bool          // rev/exists reflect a read or write since the last conflict
-	exists   bool          // the entry holds a lease (not absent, deleted or purged)
-	rev      uint64        // its revision (0 when absent)
-	mine     bool          // the entry at rev was written by this elector
-	since    time.Duration // first instant rev (and exists) was seen
-	lastRead time.Duration // the last read's instant
+	known    bool   // rev/exists reflect a read or write since the last conflict
+	exists   bool   // the entry holds a lease (not absent, deleted or purged)
+	rev      uint64 // its revision (0 when absent)
+	mine     bool   // the entry at rev was written by this elector
+	since    int64  // first instant rev (and exists) was seen
+	lastRead int64  // the last read's instant
 
-	fence    time.Duration // leads while now < fence
-	lastSend time.Duration // send instant of the last successful write
-	retryAt  time.Duration // no operation before this instant (after a failure)
+	fence    int64 // leads while now < fence; 0: no send instant to lead from
+	lastSend int64 // send instant of the last successful write
+	retryAt  int64 // no operation before this instant (after a failure)
 }
 
 // opKind is what the driver does next.
@@ -54,8 +49,8 @@ const (
 // leaseOp is the driver's next operation.
 type leaseOp struct {
 	kind opKind
-	rev  uint64        // opWrite: the expected revision
-	at   time.Duration // opWait: when to ask again
+	rev  uint64 // opWrite: the expected revision
+	at   int64  // opWait: when to ask again
 }
 
 // writeResult is the outcome of a claim or compare-and-swap.
@@ -67,27 +62,16 @@ const (
 	writeFailed                      // no answer: it may or may not have landed
 )
 
-func (c *leaseCore) period() time.Duration { return c.lease / 3 }
-
-// retryDelay is the pause after a failed read or write.
-func (c *leaseCore) retryDelay() time.Duration {
-	d := c.lease / 10
-	if d > time.Second {
-		d = time.Second
-	}
-	return d
-}
-
 // leads reports whether the elector leads at now.
-func (c *leaseCore) leads(now time.Duration) bool { return c.mine && now < c.fence }
+func (c *leaseCore) leads(now int64) bool { return c.mine && now < c.fence }
 
 // next returns the operation due at now.
-func (c *leaseCore) next(now time.Duration) leaseOp {
+func (c *leaseCore) next(now int64) leaseOp {
 	if now < c.retryAt {
 		return leaseOp{kind: opWait, at: c.retryAt}
 	}
 	if c.mine {
-		due := c.lastSend + c.period()
+		due := c.lease.RenewAt(c.lastSend)
 		if c.fence == 0 || now >= due {
 			// fence 0: the entry was found to be ours (a write whose
 			// answer was lost); renew to learn a send instant.
@@ -101,11 +85,11 @@ func (c *leaseCore) next(now time.Duration) leaseOp {
 	if !c.exists {
 		return leaseOp{kind: opClaim}
 	}
-	takeAt := c.since + c.lease
+	takeAt := c.lease.FreeAt(c.since)
 	if now >= takeAt {
 		return leaseOp{kind: opWrite, rev: c.rev}
 	}
-	readAt := c.lastRead + c.period()
+	readAt := c.lastRead + c.lease.Period()
 	if now >= readAt {
 		return leaseOp{kind: opRead}
 	}
@@ -114,7 +98,7 @@ func (c *leaseCore) next(now time.Duration) leaseOp {
 
 // observe records a read at now: whether the entry holds a lease, its
 // revision and whether this elector wrote it.
-func (c *leaseCore) observe(now time.Duration, exists bool, rev uint64, mine bool) {
+func (c *leaseCore) observe(now int64, exists bool, rev uint64, mine bool) {
 	if !c.known || exists != c.exists || rev != c.rev {
 		c.since = now
 	}
@@ -132,16 +116,16 @@ func (c *leaseCore) observe(now time.Duration, exists bool, rev uint64, mine boo
 }
 
 // readFailed records a read that got no answer at now.
-func (c *leaseCore) readFailed(now time.Duration) { c.retryAt = now + c.retryDelay() }
+func (c *leaseCore) readFailed(now int64) { c.retryAt = now + c.lease.RetryPause() }
 
 // wrote records the outcome, known at now, of a write sent at sendAt.
-func (c *leaseCore) wrote(sendAt, now time.Duration, res writeResult, newRev uint64) {
+func (c *leaseCore) wrote(sendAt, now int64, res writeResult, newRev uint64) {
 	switch res {
 	case writeOK:
 		c.known, c.exists, c.rev, c.mine = true, true, newRev, true
 		c.since, c.lastRead = now, now
 		c.lastSend = sendAt
-		c.fence = sendAt + 2*c.lease/3
+		c.fence = c.lease.Until(sendAt)
 		c.retryAt = 0
 	case writeConflict:
 		// Someone else wrote (or our own earlier write landed): stop
@@ -154,6 +138,6 @@ func (c *leaseCore) wrote(sendAt, now time.Duration, res writeResult, newRev uin
 		if !c.mine {
 			c.known = false
 		}
-		c.retryAt = now + c.retryDelay()
+		c.retryAt = now + c.lease.RetryPause()
 	}
 }

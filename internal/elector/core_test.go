@@ -1,35 +1,32 @@
-package usage
+package elector
 
-import (
-	"testing"
-	"time"
-)
+import "testing"
 
 // leaseStep is one step of a lease timeline: at instant at (ms on the
 // elector's own clock), feed an input, then check what the core asks for
 // and whether it leads.
 type leaseStep struct {
 	at    int64 // ms
-	input func(c *leaseCore, now time.Duration)
+	input func(c *leaseCore, now int64)
 	want  leaseOp
 	leads bool
 }
 
-func ms(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+func ms(n int64) int64 { return n * 1_000_000 }
 
-func observed(exists bool, rev uint64, mine bool) func(*leaseCore, time.Duration) {
-	return func(c *leaseCore, now time.Duration) { c.observe(now, exists, rev, mine) }
+func observed(exists bool, rev uint64, mine bool) func(*leaseCore, int64) {
+	return func(c *leaseCore, now int64) { c.observe(now, exists, rev, mine) }
 }
 
-func wroteAt(sendMs int64, res writeResult, rev uint64) func(*leaseCore, time.Duration) {
-	return func(c *leaseCore, now time.Duration) { c.wrote(ms(sendMs), now, res, rev) }
+func wroteAt(sendMs int64, res writeResult, rev uint64) func(*leaseCore, int64) {
+	return func(c *leaseCore, now int64) { c.wrote(ms(sendMs), now, res, rev) }
 }
 
-func readFail(c *leaseCore, now time.Duration) { c.readFailed(now) }
+func readFail(c *leaseCore, now int64) { c.readFailed(now) }
 
 func runLease(t *testing.T, steps []leaseStep) {
 	t.Helper()
-	c := &leaseCore{lease: ms(3000)}
+	c := &leaseCore{lease: 3000 * 1_000_000}
 	for i, s := range steps {
 		now := ms(s.at)
 		if s.input != nil {
@@ -47,7 +44,8 @@ func runLease(t *testing.T, steps []leaseStep) {
 func waitUntil(n int64) leaseOp { return leaseOp{kind: opWait, at: ms(n)} }
 
 // Lease 3 s: renew every 1 s, fence 2 s after a renewal's send, take over
-// after 3 s of an unchanged revision, read every 1 s.
+// after 3 s of an unchanged revision, read every 1 s, retry a failure
+// after 187.5 ms.
 func TestLeaseClaimRenewFence(t *testing.T) {
 	runLease(t, []leaseStep{
 		{at: 0, want: leaseOp{kind: opRead}},
@@ -55,13 +53,13 @@ func TestLeaseClaimRenewFence(t *testing.T) {
 		{at: 10, input: wroteAt(6, writeOK, 1), want: waitUntil(1006), leads: true},
 		{at: 1006, want: leaseOp{kind: opWrite, rev: 1}, leads: true},
 		{at: 1020, input: wroteAt(1007, writeOK, 2), want: waitUntil(2007), leads: true},
-		// The renewal at 2007 gets no answer; retry 300 ms later.
+		// The renewal at 2007 gets no answer; retry L/16 later.
 		{at: 2007, want: leaseOp{kind: opWrite, rev: 2}, leads: true},
-		{at: 2500, input: wroteAt(2007, writeFailed, 0), want: waitUntil(2800), leads: true},
-		{at: 2800, want: leaseOp{kind: opWrite, rev: 2}, leads: true},
+		{at: 2500, input: wroteAt(2007, writeFailed, 0), want: leaseOp{kind: opWait, at: ms(2500) + 187_500_000}, leads: true},
+		{at: 2688, want: leaseOp{kind: opWrite, rev: 2}, leads: true},
 		// Still no answer: fenced at 1007 + 2000, whatever the server did.
-		{at: 3006, input: wroteAt(2800, writeFailed, 0), want: waitUntil(3306), leads: true},
-		{at: 3007, want: waitUntil(3306), leads: false},
+		{at: 3006, input: wroteAt(2688, writeFailed, 0), want: leaseOp{kind: opWait, at: ms(3006) + 187_500_000}, leads: true},
+		{at: 3007, want: leaseOp{kind: opWait, at: ms(3006) + 187_500_000}, leads: false},
 		// The server is back; the CAS on rev 2 succeeds: leading again.
 		{at: 3400, input: wroteAt(3306, writeOK, 3), want: waitUntil(4306), leads: true},
 	})
@@ -100,16 +98,16 @@ func TestLeaseTakeoverWins(t *testing.T) {
 func TestLeaseReleasedAndFailures(t *testing.T) {
 	runLease(t, []leaseStep{
 		{at: 0, input: observed(true, 4, false), want: waitUntil(1000)},
-		{at: 1000, input: readFail, want: waitUntil(1300)},
-		{at: 1300, want: leaseOp{kind: opRead}},
-		{at: 1305, input: observed(false, 0, false), want: leaseOp{kind: opClaim}},
+		{at: 1000, input: readFail, want: leaseOp{kind: opWait, at: ms(1000) + 187_500_000}},
+		{at: 1188, want: leaseOp{kind: opRead}},
+		{at: 1190, input: observed(false, 0, false), want: leaseOp{kind: opClaim}},
 		// The claim's answer is lost: read to learn whether it landed.
-		{at: 1400, input: wroteAt(1306, writeFailed, 0), want: waitUntil(1700)},
-		{at: 1700, want: leaseOp{kind: opRead}},
+		{at: 1400, input: wroteAt(1191, writeFailed, 0), want: leaseOp{kind: opWait, at: ms(1400) + 187_500_000}},
+		{at: 1588, want: leaseOp{kind: opRead}},
 		// It landed (the entry names us) but we have no send instant: not
 		// leading until a renewal succeeds.
-		{at: 1710, input: observed(true, 5, true), want: leaseOp{kind: opWrite, rev: 5}},
-		{at: 1720, input: wroteAt(1711, writeOK, 6), want: waitUntil(2711), leads: true},
+		{at: 1590, input: observed(true, 5, true), want: leaseOp{kind: opWrite, rev: 5}},
+		{at: 1600, input: wroteAt(1591, writeOK, 6), want: waitUntil(2591), leads: true},
 	})
 }
 

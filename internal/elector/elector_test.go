@@ -1,28 +1,18 @@
-package usage
+package elector
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 )
-
-func ledgerKV(t *testing.T, js jetstream.JetStream) jetstream.KeyValue {
-	t.Helper()
-	kv, err := js.CreateOrUpdateKeyValue(testCtx(t), jetstream.KeyValueConfig{Bucket: "rl_ledger"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kv
-}
 
 // Two electors on two connections: one runs the job; when its connection
 // is closed, the other runs it, and the two never run it at once.
 func TestElectorFailover(t *testing.T) {
-	ts := startServer(t)
+	url := startServer(t)
 	const lease = 1500 * time.Millisecond
 	var (
 		active  atomic.Int32
@@ -50,9 +40,9 @@ func TestElectorFailover(t *testing.T) {
 	}
 	conns := map[string]func(){}
 	start := func(node string) *member {
-		nc, js := ts.connect(t)
+		nc, kv := connect(t, url)
 		conns[node] = nc.Close
-		e := NewElector(ledgerKV(t, js), "leader.ledger", node, lease, nil)
+		e := New(kv, "leader.ledger", node, lease, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		m := &member{e: e, done: make(chan error, 1), stop: cancel}
 		go func() { m.done <- e.Run(ctx, job(node)) }()
@@ -95,9 +85,8 @@ func TestElectorFailover(t *testing.T) {
 
 // A job that fails while leading is restarted.
 func TestElectorRestartsJob(t *testing.T) {
-	ts := startServer(t)
-	_, js := ts.connect(t)
-	e := NewElector(ledgerKV(t, js), "leader.x", "n", time.Second, nil)
+	_, kv := connect(t, startServer(t))
+	e := New(kv, "leader.x", "n", time.Second, nil)
 	var calls atomic.Int32
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -114,5 +103,21 @@ func TestElectorRestartsJob(t *testing.T) {
 	}
 	if err := e.Run(context.Background(), nil); err != ErrClosed {
 		t.Fatalf("second Run: %v", err)
+	}
+}
+
+// An invalid lease or key is a configuration error, and the job never runs.
+func TestElectorConfig(t *testing.T) {
+	_, kv := connect(t, startServer(t))
+	job := func(context.Context) error { t.Error("the job ran"); return nil }
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		key   string
+		lease time.Duration
+	}{{"leader.x", 29 * time.Millisecond}, {"leader..x", time.Second}, {"leader x", time.Second}, {"", time.Second}} {
+		if err := New(kv, c.key, "n", c.lease, nil).Run(ctx, job); !errors.Is(err, ErrConfig) {
+			t.Errorf("key %q, lease %v: Run = %v, want ErrConfig", c.key, c.lease, err)
+		}
 	}
 }

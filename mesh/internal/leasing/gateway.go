@@ -3,6 +3,7 @@ package leasing
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -10,62 +11,97 @@ import (
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/lease"
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
+	"github.com/limitmesh/limitmesh/mesh/internal/policyset"
+	"github.com/limitmesh/limitmesh/mesh/internal/route"
+	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 	"github.com/limitmesh/limitmesh/policies"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 )
 
-// The gateway side: gateways (SDK holders) ask this node for grants on the
-// gateway subject and get sub-grants carved from its pools; they report
-// and return them on this node's subject, named in the grant's reply.
+// Gateway is a node's gateway side of leased mode: gateways (SDK holders)
+// ask this node for grants on the gateway subject and get sub-grants the
+// Holder carves from its pools; they report and return them on this
+// node's subject, named in the grant's reply. Its methods are safe for
+// concurrent use.
+type Gateway struct {
+	holder   *Holder
+	policies *policyset.Set
+	route    *route.Table
+	rt       rt.Runtime
+	timeout  time.Duration
+	reportTo string // NodeSubject of this node
+	log      *slog.Logger
+	m        *metrics
+}
+
+func newGateway(cfg Config, m *metrics, h *Holder) *Gateway {
+	return &Gateway{holder: h, policies: cfg.Policies, route: cfg.Route, rt: cfg.Runtime, timeout: cfg.Timeout,
+		reportTo: NodeSubject(cfg.Prefix, cfg.Self), log: cfg.Log, m: m}
+}
 
 // HandleGateway answers a gateway's acquire on <prefix>.v1.lease.
-func (l *Leasing) HandleGateway(r micro.Request) {
+func (g *Gateway) HandleGateway(r micro.Request) {
 	var req gatewayRequest
 	if err := decode(r.Data(), &req); err != nil {
-		l.respondGateway(r, reply{Result: resBadRequest, Message: err.Error()})
+		g.respond(r, reply{Result: resBadRequest, Message: err.Error()})
 		return
 	}
 	if req.Op != opAcquire {
-		l.respondGateway(r, reply{Result: resBadRequest, Message: "reports and returns go to the grant's report_to subject"})
+		g.respond(r, reply{Result: resBadRequest, Message: "reports and returns go to the grant's report_to subject"})
 		return
 	}
 	if req.Holder == "" || len(req.Holder) > keyrec.MaxHolderBytes {
-		l.respondGateway(r, reply{Result: resBadRequest, Message: fmt.Sprintf("holder: 1..%d bytes", keyrec.MaxHolderBytes)})
+		g.respond(r, reply{Result: resBadRequest, Message: fmt.Sprintf("holder: 1..%d bytes", keyrec.MaxHolderBytes)})
 		return
 	}
-	dims := make([]policies.Dim, 0, len(req.Descriptor))
-	for k, v := range req.Descriptor {
-		dims = append(dims, policies.Dim{Name: k, Value: v})
-	}
-	slices.SortFunc(dims, func(a, b policies.Dim) int { return strings.Compare(a.Name, b.Name) })
-	desc, err := policies.NewDescriptor(dims)
+	desc, err := descriptorOf(req.Descriptor)
 	if err != nil {
-		l.respondGateway(r, reply{Result: resBadRequest, Message: err.Error()})
+		g.respond(r, reply{Result: resBadRequest, Message: err.Error()})
 		return
 	}
-	p := l.cfg.Policies.Snapshot().Match(desc)
+	p := g.policies.Snapshot().Match(desc)
 	if p == nil || p.Mode != policies.ModeLeased {
 		rep := reply{Result: resNotLeased}
 		if p != nil {
 			rep.Policy, rep.Revision = p.Name, p.Revision
 		}
-		l.respondGateway(r, rep)
+		g.respond(r, rep)
 		return
 	}
 	key, err := p.LimitKey(desc)
 	if err != nil {
-		l.respondGateway(r, reply{Result: resBadRequest, Message: err.Error()})
+		g.respond(r, reply{Result: resBadRequest, Message: err.Error()})
 		return
 	}
-	part := ownership.PartitionOf(key, l.cfg.Route.Parts())
-	least := max(req.Min, 1)
-	want := req.Want
+	part := ownership.PartitionOf(key, g.route.Parts())
+	want, least := gatewaySize(req, p)
+	deadline := g.rt.Now().Add(g.timeout)
+	g.respond(r, g.carve(p, key, part, req.Holder, want, least, deadline))
+}
+
+// descriptorOf is the descriptor of a gateway's request, its entries in
+// name order.
+func descriptorOf(m map[string]string) (policies.Descriptor, error) {
+	dims := make([]policies.Dim, 0, len(m))
+	for k, v := range m {
+		dims = append(dims, policies.Dim{Name: k, Value: v})
+	}
+	slices.SortFunc(dims, func(a, b policies.Dim) int { return strings.Compare(a.Name, b.Name) })
+	return policies.NewDescriptor(dims)
+}
+
+// gatewaySize is the size of the sub-grant a gateway asks for: want
+// micro-units (the policy's grant size when it names none), at least
+// least (its min, at least one micro-unit), want never below least. The
+// pool caps want at the grant size.
+func gatewaySize(req gatewayRequest, p *policies.Policy) (want, least int64) {
+	least = max(req.Min, 1)
+	want = req.Want
 	if want == 0 {
 		want = p.Lease.Size
 	}
-	deadline := l.cfg.Runtime.Now().Add(l.cfg.Timeout)
-	l.respondGateway(r, l.carve(p, key, part, req.Holder, max(want, least), least, deadline))
+	return max(want, least), least
 }
 
 // carve makes a sub-grant of key's pool for holder, asking the owner for a
@@ -74,75 +110,50 @@ func (l *Leasing) HandleGateway(r micro.Request) {
 // again. It answers "exhausted" while the owner says the key's limits lack
 // the units, and "remote" when the owner has no room (max_outstanding),
 // cannot be reached, or nothing came before the deadline.
-func (l *Leasing) carve(p *policies.Policy, key string, part int, holder string, want, least int64, deadline time.Time) reply {
-	base := reply{Policy: p.Name, Revision: p.Revision}
-	result := func(r string) reply {
-		base.Result = r
-		l.m.subGrants.WithLabelValues(r).Inc()
-		return base
-	}
+func (g *Gateway) carve(p *policies.Policy, key string, part int, holder string, want, least int64, deadline time.Time) reply {
 	for {
-		e := l.entry(p, key, part)
-		if e == nil {
-			return result(resRemote)
+		st, done := g.holder.carve(p, key, part, holder, want, least)
+		if st.result == "" {
+			t := time.NewTimer(time.Until(deadline))
+			select {
+			case <-done:
+				t.Stop()
+				continue
+			case <-t.C:
+				st.result = resRemote
+			}
 		}
-		now := l.mono(l.cfg.Runtime.Now())
-		e.follow(p)
-		sub, ok := e.pool.Carve(now, holder, want, least)
-		if ok {
-			e.mu.Unlock()
-			l.mu.Lock()
-			l.subs[sub.ID] = e
-			l.mu.Unlock()
-			base.Grant, base.Epoch, base.Units = sub.ID, sub.Epoch, sub.Units
-			base.TTL, base.ReportTo = sub.Deadline-now, NodeSubject(l.cfg.Prefix, l.cfg.Self)
-			return result(resGranted)
-		}
-		if res, retry := e.pool.Refusal(now); res == lease.Denied {
-			e.mu.Unlock()
-			base.RetryAfter = retry
-			return result(resExhausted)
-		}
-		if e.pool.Backoff(now) {
-			e.mu.Unlock()
-			return result(resRemote)
-		}
-		wantA, ask := e.pool.WantAcquire(now)
-		if ask {
-			e.done = make(chan struct{})
-		}
-		done := e.done
-		e.mu.Unlock()
-		if ask {
-			l.startAcquire(e, wantA, least)
-		}
-		if done == nil {
-			// Grants are held but none fits (the cost, or too close to
-			// their end), and holding more is not called for.
-			return result(resRemote)
-		}
-		t := time.NewTimer(time.Until(deadline))
-		select {
-		case <-done:
-			t.Stop()
-		case <-t.C:
-			return result(resRemote)
-		}
+		g.m.subGrants.WithLabelValues(st.result).Inc()
+		return subGrantReply(p, st, g.reportTo)
 	}
 }
 
-func (l *Leasing) respondGateway(r micro.Request, rep reply) {
+// subGrantReply is the reply to a gateway's acquire that came out as st:
+// a granted sub-grant's ttl is what is left of the node's grant it came
+// from, and its reports go to reportTo.
+func subGrantReply(p *policies.Policy, st carveStep, reportTo string) reply {
+	r := reply{Result: st.result, Policy: p.Name, Revision: p.Revision}
+	switch st.result {
+	case resGranted:
+		r.Grant, r.Epoch, r.Units, r.TTL, r.ReportTo = st.sub.ID, st.sub.Epoch, st.sub.Units, st.ttl, reportTo
+	case resExhausted:
+		r.RetryAfter = st.retry
+	}
+	return r
+}
+
+func (g *Gateway) respond(r micro.Request, rep reply) {
 	if rep.Result == resNotLeased {
-		l.m.subGrants.WithLabelValues(resNotLeased).Inc()
+		g.m.subGrants.WithLabelValues(resNotLeased).Inc()
 	}
 	if err := r.Respond(encode(rep)); err != nil {
-		l.log.Debug("lease reply failed", "error", err.Error())
+		g.log.Debug("lease reply failed", "error", err.Error())
 	}
 }
 
 // HandleNode answers a gateway's report or return of a sub-grant on
 // <prefix>.v1.lease.node.<id>.
-func (l *Leasing) HandleNode(m *nats.Msg) {
+func (g *Gateway) HandleNode(m *nats.Msg) {
 	var req gatewayRequest
 	if err := decode(m.Data, &req); err != nil {
 		respond(m, reply{Result: resBadRequest, Message: err.Error()})
@@ -152,29 +163,17 @@ func (l *Leasing) HandleNode(m *nats.Msg) {
 		respond(m, reply{Result: resBadRequest, Message: "acquires go to the gateway subject"})
 		return
 	}
-	ret := req.Op == opReturn
-	l.mu.RLock()
-	e := l.subs[req.Grant]
-	l.mu.RUnlock()
-	err := lease.ErrUnknownGrant
-	if e != nil {
-		e.mu.Lock()
-		err = e.pool.SubReport(l.mono(l.cfg.Runtime.Now()), req.Grant, req.Epoch, req.Spent, ret)
-		e.mu.Unlock()
-		if ret && !errors.Is(err, lease.ErrBadSpend) {
-			l.mu.Lock()
-			if l.subs[req.Grant] == e {
-				delete(l.subs, req.Grant)
-			}
-			l.mu.Unlock()
-		}
-	}
+	respond(m, subReportReply(g.holder.subReport(req.Grant, req.Epoch, req.Spent, req.Op == opReturn)))
+}
+
+// subReportReply is the reply to a gateway's report or return that the
+// holder answered with err.
+func subReportReply(err error) reply {
 	switch {
 	case err == nil:
-		respond(m, reply{Result: resOK})
+		return reply{Result: resOK}
 	case errors.Is(err, lease.ErrBadSpend):
-		respond(m, reply{Result: resBadSpend})
-	default:
-		respond(m, reply{Result: resUnknown})
+		return reply{Result: resBadSpend}
 	}
+	return reply{Result: resUnknown}
 }

@@ -57,8 +57,8 @@ func TestCarveOnce(t *testing.T) {
 		}
 		return st
 	}
-	step(0, 4, 1, "", 10) // nothing held: ask the owner, then wait
-	step(1, 4, 1, "", 0)  // the acquire is in flight: wait for it
+	step(0, 4, 1, "", 10)                                                                                         // nothing held: ask the owner, then wait
+	step(1, 4, 1, "", 0)                                                                                          // the acquire is in flight: wait for it
 	applyAcquire(pl, 0, 5*ms, reply{Result: resGranted, Grant: 7, Epoch: 41, Units: 10 * u, TTL: 2000 * ms}, nil) // deadline 1800
 	st := step(10, 4, 1, resGranted, 0)
 	if st.sub.Units != 4*u || st.sub.Epoch != 41 || st.sub.Grant != 7 || st.ttl != 1790*ms {

@@ -77,7 +77,7 @@ func (g *Gateway) HandleGateway(r micro.Request) {
 	part := ownership.PartitionOf(key, g.route.Parts())
 	want, least := gatewaySize(req, p)
 	deadline := g.rt.Now().Add(g.timeout)
-	g.respond(r, g.carve(p, key, part, req.Holder, want, least, deadline))
+	g.respond(r, g.subGrant(p, key, part, req.Holder, want, least, deadline))
 }
 
 // descriptorOf is the descriptor of a gateway's request, its entries in
@@ -104,13 +104,13 @@ func gatewaySize(req gatewayRequest, p *policies.Policy) (want, least int64) {
 	return max(want, least), least
 }
 
-// carve makes a sub-grant of key's pool for holder, asking the owner for a
+// subGrant makes a sub-grant of key's pool for holder, asking the owner for a
 // grant first (and waiting for it, until deadline) when the pool holds
 // none that fits; other gateways may take a new grant first, then it asks
 // again. It answers "exhausted" while the owner says the key's limits lack
 // the units, and "remote" when the owner has no room (max_outstanding),
 // cannot be reached, or nothing came before the deadline.
-func (g *Gateway) carve(p *policies.Policy, key string, part int, holder string, want, least int64, deadline time.Time) reply {
+func (g *Gateway) subGrant(p *policies.Policy, key string, part int, holder string, want, least int64, deadline time.Time) reply {
 	for {
 		st, done := g.holder.carve(p, key, part, holder, want, least)
 		if st.result == "" {

@@ -22,7 +22,9 @@ import (
 // partition's keys (later sources win) to its own journal, so whoever takes
 // over from it finds them there, before it serves the partition. Of the
 // records of a key in several sources, the one with the highest version is
-// adopted (invariant J10).
+// adopted (invariant J10). With the fence this keeps I2 (no acknowledged
+// admission forgotten by a later owner) and I4 (a deposed owner's appends
+// fail after the fence).
 //
 // Tenure markers (invariant J2). Before it claims a partition with sources
 // that do not include itself, a node appends to its own subject a fence

@@ -10,9 +10,11 @@ import (
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 )
 
-// Read floors (invariant J7 of docs/protocol.md). A stream leader cut off
-// from its cluster keeps answering leader reads for a while, with what it
-// had when it was cut off (right after the partition heals too); a key's
+// Read floors (invariant J7 of docs/protocol.md; with J5, J6, J8-J10 and
+// K2 it keeps I3: a decision never uses a record older than an earlier one
+// did). A stream leader cut off from its cluster keeps answering leader
+// reads for a while, with what it had when it was cut off (right after the
+// partition heals too); a key's
 // latest record in the state bucket was written before this node's claim
 // (by a previous owner) or by this node. So for floorWindow after it claims
 // a partition, this node reads that partition's keys with a floor read: a

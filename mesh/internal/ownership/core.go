@@ -140,7 +140,8 @@ type shardCore struct {
 	beatAfter int64 // a heartbeat that failed is not sent again before this instant
 	// beatRev is the revision of this node's last heartbeat that landed
 	// (0: none yet). The next heartbeat waits until the watch has
-	// delivered it (invariant O5).
+	// delivered it (invariant O5; with O6's paced retries it keeps I5:
+	// once faults end, every partition gets an owner again).
 	beatRev   uint64
 	lostParts []int
 	live      []string // scratch

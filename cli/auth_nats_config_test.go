@@ -11,8 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -49,15 +49,7 @@ func TestAuthNATSConfigServer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("nats-server rejects the configuration: %v\n%s", err, out)
 	}
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
+	jstest.Run(t, opts)
 
 	httpAddr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())

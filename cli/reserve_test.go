@@ -6,10 +6,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/nats-io/nats.go/micro"
 )
 
@@ -26,20 +24,8 @@ type fakeReservations struct {
 
 func startFakeReservations(t *testing.T, prefix string) *fakeReservations {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	srv := jstest.Start(t, jstest.NoJetStream)
+	nc := jstest.Connect(t, srv.Server)
 	f := &fakeReservations{url: srv.ClientURL(), seen: map[string][]string{}}
 	svc, err := micro.AddService(nc, micro.Config{Name: "limitmesh", Version: "0.0.1", QueueGroup: "limitmesh"})
 	if err != nil {

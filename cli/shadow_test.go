@@ -10,8 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/limitmesh/limitmesh/policies"
@@ -30,22 +29,8 @@ const shadowCandidate = `{"match": {"tenant": "*"}, "key": ["tenant"],
 // summary covers every record.
 func shadowInstallation(t *testing.T) (string, jetstream.JetStream) {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	srv := jstest.Start(t)
+	js := jstest.JetStream(t, jstest.Connect(t, srv.Server))
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "rl_policies", History: 16})

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	natsserver "github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -131,21 +131,8 @@ func TestDeploySingleConfRuns(t *testing.T) {
 	opts.HTTPHost, opts.HTTPPort = "127.0.0.1", -1
 	opts.StoreDir = t.TempDir()
 	opts.NoSigs, opts.NoLog = true, true
-	s, err := natsserver.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	if !s.ReadyForConnections(waitTimeout) {
-		t.Fatal("server from single.conf not ready")
-	}
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	s := jstest.Run(t, opts)
+	js := jstest.JetStream(t, jstest.Connect(t, s))
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "probe", TTL: time.Minute}); err != nil {

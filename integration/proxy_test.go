@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/limitmesh/limitmesh/mesh"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -199,17 +200,7 @@ func startProxiedCluster(t *testing.T, n int) *proxiedCluster {
 // start (re)starts server i with its options.
 func (pc *proxiedCluster) start(t *testing.T, i int) {
 	t.Helper()
-	o := *pc.opts[i]
-	s, err := natsserver.NewServer(&o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(waitTimeout) {
-		t.Fatalf("server %d not ready", i)
-	}
-	pc.servers[i] = s
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	pc.servers[i] = jstest.Run(t, pc.opts[i])
 }
 
 // URL is server i's client URL.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/limitmesh/limitmesh/mesh"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -145,17 +146,7 @@ func startSupercluster(t *testing.T, specs ...regionSpec) *supercluster {
 // start (re)starts server i of the region with its options.
 func (r *scRegion) start(t *testing.T, i int) {
 	t.Helper()
-	o := *r.opts[i]
-	s, err := natsserver.NewServer(&o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(waitTimeout) {
-		t.Fatalf("server %s not ready", o.ServerName)
-	}
-	r.servers[i] = s
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	r.servers[i] = jstest.Run(t, r.opts[i])
 }
 
 // region returns the region named name (the test fails without one).

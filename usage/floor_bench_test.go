@@ -45,12 +45,12 @@ func BenchmarkStreamFloor(b *testing.B) {
 // a second consumer, the shadow evaluator's, adds).
 func streamFloor(b *testing.B, readOnly bool) {
 	ts := startServer(b)
-	_, js := ts.connect(b)
+	_, js := connect(b, ts)
 	ctx := testCtx(b)
 	if _, err := EnsureStream(ctx, js, StreamConfig{Prefix: "rl"}); err != nil {
 		b.Fatal(err)
 	}
-	_, cjs := ts.connect(b)
+	_, cjs := connect(b, ts)
 	stream, err := cjs.Stream(ctx, StreamName("rl"))
 	if err != nil {
 		b.Fatal(err)

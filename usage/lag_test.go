@@ -15,7 +15,7 @@ import (
 // after, nothing once everything is; garbage is aged by its stream time.
 func TestMeasureLag(t *testing.T) {
 	ts := startServer(t)
-	nc, js := ts.connect(t)
+	nc, js := connect(t, ts)
 	ctx := testCtx(t)
 	if _, err := MeasureLag(ctx, js, "rl", time.Now()); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("no stream: %v, want ErrStreamNotFound", err)

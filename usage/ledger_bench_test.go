@@ -19,7 +19,7 @@ import (
 // million and 220,000 with GroupInterval at 250 ms).
 func BenchmarkLedgerIngest(b *testing.B) {
 	ts := startServer(b)
-	_, js := ts.connect(b)
+	_, js := connect(b, ts)
 	if _, err := EnsureStream(testCtx(b), js, StreamConfig{Prefix: "rl"}); err != nil {
 		b.Fatal(err)
 	}
@@ -74,11 +74,11 @@ func BenchmarkLedgerIngest(b *testing.B) {
 // Publisher, server and reconciler share the machine.
 func BenchmarkLedgerLive(b *testing.B) {
 	ts := startServer(b)
-	_, js := ts.connect(b)
+	_, js := connect(b, ts)
 	if _, err := EnsureStream(testCtx(b), js, StreamConfig{Prefix: "rl"}); err != nil {
 		b.Fatal(err)
 	}
-	_, js2 := ts.connect(b)
+	_, js2 := connect(b, ts)
 	r, err := NewReconciler(testCtx(b), js2, ReconcilerConfig{Node: "n1"})
 	if err != nil {
 		b.Fatal(err)

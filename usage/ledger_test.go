@@ -126,7 +126,7 @@ func ledgerRecord(t testing.TB, policy string, k int, tUs, cost int64, allowed b
 // decimal costs, across days, months, policies and unmatched decisions.
 func TestLedgerTotals(t *testing.T) {
 	ts := startServer(t)
-	_, js := ts.connect(t)
+	_, js := connect(t, ts)
 	ensureStream(t, js)
 	p, err := NewPublisher(js, PublisherConfig{Node: "n1", Interval: 10 * time.Millisecond})
 	if err != nil {
@@ -177,7 +177,7 @@ func TestLedgerTotals(t *testing.T) {
 // in part before it died (simulated between two entry writes).
 func TestLedgerRepublishedAndCrash(t *testing.T) {
 	ts := startServer(t)
-	_, js := ts.connect(t)
+	_, js := connect(t, ts)
 	ensureStream(t, js)
 	p1, _ := NewPublisher(js, PublisherConfig{Node: "n1", Boot: "b1", Interval: 10 * time.Millisecond})
 	p2, _ := NewPublisher(js, PublisherConfig{Node: "n2", Boot: "b2", Interval: 10 * time.Millisecond})
@@ -231,7 +231,7 @@ func TestLedgerRepublishedAndCrash(t *testing.T) {
 // records around it are applied.
 func TestLedgerGarbage(t *testing.T) {
 	ts := startServer(t)
-	nc, js := ts.connect(t)
+	nc, js := connect(t, ts)
 	ensureStream(t, js)
 	p, _ := NewPublisher(js, PublisherConfig{Node: "n1", Interval: 10 * time.Millisecond})
 	want := expect{}
@@ -278,7 +278,7 @@ func TestLedgerGarbage(t *testing.T) {
 // exact.
 func TestLedgerFailover(t *testing.T) {
 	ts := startServer(t)
-	_, js := ts.connect(t)
+	_, js := connect(t, ts)
 	ensureStream(t, js)
 	type member struct {
 		nc *nats.Conn
@@ -287,7 +287,7 @@ func TestLedgerFailover(t *testing.T) {
 	}
 	var members []*member
 	for _, node := range []string{"a", "b"} {
-		nc, js := ts.connect(t)
+		nc, js := connect(t, ts)
 		r, err := NewReconciler(testCtx(t), js, ReconcilerConfig{Node: node, MaxGroup: 4})
 		if err != nil {
 			t.Fatal(err)
@@ -360,7 +360,7 @@ func TestLedgerFailover(t *testing.T) {
 // counts each difference.
 func TestLedgerReconcile(t *testing.T) {
 	ts := startServer(t)
-	_, js := ts.connect(t)
+	_, js := connect(t, ts)
 	ensureStream(t, js)
 	p, _ := NewPublisher(js, PublisherConfig{Node: "n1", Interval: 5 * time.Millisecond})
 	now := time.Now()

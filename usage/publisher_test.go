@@ -108,7 +108,7 @@ func testRecord(t testing.TB, policy string, i int) Record {
 // unique Nats-Msg-Ids.
 func TestPublisherOrderAndIDs(t *testing.T) {
 	ts := startServer(t)
-	_, js := ts.connect(t)
+	_, js := connect(t, ts)
 	ensureStream(t, js)
 	reg := prometheus.NewRegistry()
 	p, err := NewPublisher(js, PublisherConfig{Node: "n1", Boot: "b0", Interval: 10 * time.Millisecond, MaxBatch: 100, Registerer: reg})
@@ -179,7 +179,7 @@ func TestPublisherOrderAndIDs(t *testing.T) {
 // the stream exactly once afterwards.
 func TestPublisherOutage(t *testing.T) {
 	ts := startServer(t)
-	_, js := ts.connect(t)
+	_, js := connect(t, ts)
 	ensureStream(t, js)
 	reg := prometheus.NewRegistry()
 	p, err := NewPublisher(js, PublisherConfig{Node: "n1", Interval: 20 * time.Millisecond, MaxBatch: 50, Timeout: 500 * time.Millisecond, Registerer: reg})
@@ -196,19 +196,19 @@ func TestPublisherOutage(t *testing.T) {
 		}
 	}
 	add(500)
-	ts.stop()
+	ts.Stop()
 	// While the server is down: Adds complete, and records pile up.
 	for k := 0; k < 20; k++ {
 		add(100)
 		time.Sleep(100 * time.Millisecond)
 	}
-	if ts.srv.Running() {
+	if ts.Running() {
 		t.Fatal("server came back by itself")
 	}
 	if p.Held() == 0 {
 		t.Fatal("nothing held while JetStream was unreachable")
 	}
-	ts.start()
+	ts.Restart()
 	add(500)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -241,7 +241,7 @@ func TestPublisherOutage(t *testing.T) {
 // what it cannot publish by its deadline.
 func TestPublisherOverflow(t *testing.T) {
 	ts := startServer(t)
-	_, js := ts.connect(t) // no stream: every publish fails
+	_, js := connect(t, ts) // no stream: every publish fails
 	reg := prometheus.NewRegistry()
 	p, err := NewPublisher(js, PublisherConfig{Node: "n1", Interval: 10 * time.Millisecond, MaxBuffered: 100, Timeout: 100 * time.Millisecond, Registerer: reg})
 	if err != nil {
@@ -278,7 +278,7 @@ func TestPublisherOverflow(t *testing.T) {
 // Close publishes everything buffered, long before the interval.
 func TestPublisherCloseFlushes(t *testing.T) {
 	ts := startServer(t)
-	_, js := ts.connect(t)
+	_, js := connect(t, ts)
 	ensureStream(t, js)
 	p, err := NewPublisher(js, PublisherConfig{Node: "n1", Interval: time.Hour})
 	if err != nil {
@@ -313,7 +313,7 @@ func TestPublisherConfig(t *testing.T) {
 // buffers at their steady-state capacity, not the stream's.
 func BenchmarkAdd(b *testing.B) {
 	ts := startServer(b)
-	_, js := ts.connect(b)
+	_, js := connect(b, ts)
 	if _, err := EnsureStream(testCtx(b), js, StreamConfig{Prefix: "rl"}); err != nil {
 		b.Fatal(err)
 	}
@@ -353,7 +353,7 @@ func BenchmarkAdd(b *testing.B) {
 // queued.
 func TestPublisherAddJournal(t *testing.T) {
 	ts := startServer(t)
-	_, js := ts.connect(t)
+	_, js := connect(t, ts)
 	ensureStream(t, js)
 	reg := prometheus.NewRegistry()
 	p, err := NewPublisher(js, PublisherConfig{Node: "n2", Boot: "b2", Interval: 10 * time.Millisecond, Registerer: reg})
@@ -398,7 +398,7 @@ func TestPublisherAddJournal(t *testing.T) {
 
 	// Refused for overflow: the position is not taken, a later offer of it
 	// is tried again.
-	_, js2 := ts.connect(t)
+	_, js2 := connect(t, ts)
 	q, err := NewPublisher(js2, PublisherConfig{Node: "n2", Interval: time.Hour, MaxBuffered: 1})
 	if err != nil {
 		t.Fatal(err)

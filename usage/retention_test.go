@@ -85,7 +85,7 @@ func nearlyEqual(a, b float64) bool {
 // measured while nothing reads it.
 func TestRetentionWarning(t *testing.T) {
 	ts := startServer(t)
-	_, js := ts.connect(t)
+	_, js := connect(t, ts)
 	ctx := testCtx(t)
 	// About 40 messages of ~100 bytes fit.
 	if _, err := EnsureStream(ctx, js, StreamConfig{Prefix: "rl", MaxBytes: 6000}); err != nil {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -18,8 +19,8 @@ var benchReply = []byte(`{"allowed":true,"policy":"acme-search","revision":12,"r
 // (x-echo); run both (the default) to get it.
 func BenchmarkDecideVsEcho(b *testing.B) {
 	s := startServer(b)
-	nc := connect(b, s)
-	srv := connect(b, s)
+	nc := jstest.Connect(b, s)
+	srv := jstest.Connect(b, s)
 	if _, err := srv.Subscribe("rl.v1.decide", func(m *nats.Msg) { _ = m.Respond(benchReply) }); err != nil {
 		b.Fatal(err)
 	}

@@ -6,12 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/nats-io/nats.go"
 )
 
 func TestDecideResults(t *testing.T) {
 	s := startServer(t)
-	nc := connect(t, s)
+	nc := jstest.Connect(t, s)
 	answers := map[string]answer{
 		"allow":    reply(true, "acme-search", 12, "12.5", 0, 4000),
 		"deny":     reply(false, "acme-search", 12, "0", 100, 4000),
@@ -51,7 +52,7 @@ func TestDecideResults(t *testing.T) {
 
 func TestDecideServiceErrors(t *testing.T) {
 	s := startServer(t)
-	nc := connect(t, s)
+	nc := jstest.Connect(t, s)
 	startResponder(t, nc, "rl", func(r seenRequest) answer {
 		switch r.Descriptor["case"] {
 		case "400":
@@ -106,7 +107,7 @@ func TestDecideServiceErrors(t *testing.T) {
 
 func TestDecideNoResponders(t *testing.T) {
 	s := startServer(t)
-	c := newClient(t, connect(t, s))
+	c := newClient(t, jstest.Connect(t, s))
 	_, err := c.Decide(context.Background(), map[string]string{"tenant": "acme"}, 1)
 	if !errors.Is(err, ErrNoResponders) || errors.Is(err, ErrTimeout) || !IsUnavailable(err) {
 		t.Fatalf("Decide without responders: %v, want ErrNoResponders", err)
@@ -129,7 +130,7 @@ func silentResponder(t *testing.T, c *Client) {
 
 func TestDecideTimeout(t *testing.T) {
 	s := startServer(t)
-	c := newClient(t, connect(t, s), Timeout(50*time.Millisecond))
+	c := newClient(t, jstest.Connect(t, s), Timeout(50*time.Millisecond))
 	silentResponder(t, c)
 
 	t.Run("client timeout", func(t *testing.T) {
@@ -160,7 +161,7 @@ func TestDecideTimeout(t *testing.T) {
 
 func TestDecideClosedConnection(t *testing.T) {
 	s := startServer(t)
-	nc := connect(t, s)
+	nc := jstest.Connect(t, s)
 	c := newClient(t, nc)
 	nc.Close()
 	_, err := c.Decide(context.Background(), map[string]string{"tenant": "acme"}, 1)
@@ -171,7 +172,7 @@ func TestDecideClosedConnection(t *testing.T) {
 
 func TestDecideEncoding(t *testing.T) {
 	s := startServer(t)
-	nc := connect(t, s)
+	nc := jstest.Connect(t, s)
 	rsp := startResponder(t, nc, "acme", func(seenRequest) answer { return reply(true, "p", 1, "1", 0, 0) })
 	c := newClient(t, nc, Prefix("acme"))
 	if c.Subject() != "acme.v1.decide" {
@@ -213,7 +214,7 @@ func TestDecideEncoding(t *testing.T) {
 
 func TestDecideRejectsLocally(t *testing.T) {
 	s := startServer(t)
-	nc := connect(t, s)
+	nc := jstest.Connect(t, s)
 	rsp := startResponder(t, nc, "rl", func(seenRequest) answer { return reply(true, "p", 1, "1", 0, 0) })
 	c := newClient(t, nc, OnUnavailable(func(string, map[string]string) Failure { return FailClosed() }))
 	d := map[string]string{"tenant": "acme"}
@@ -247,7 +248,7 @@ func TestDecideRejectsLocally(t *testing.T) {
 
 func TestNewOptions(t *testing.T) {
 	s := startServer(t)
-	nc := connect(t, s)
+	nc := jstest.Connect(t, s)
 	bad := map[string]Option{
 		"empty prefix":    Prefix(""),
 		"wildcard prefix": Prefix("rl.*"),

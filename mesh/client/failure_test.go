@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/limitmesh/limitmesh/internal/jstest"
 )
 
 // TestEmergencyBucketSteps drives one emergency bucket (rate 2/s, burst 3)
@@ -42,7 +44,7 @@ func TestEmergencyBucketSteps(t *testing.T) {
 
 func TestFailClosed(t *testing.T) {
 	s := startServer(t)
-	nc := connect(t, s)
+	nc := jstest.Connect(t, s)
 	failClosed := OnUnavailable(func(string, map[string]string) Failure { return FailClosed() })
 	d := map[string]string{"tenant": "acme"}
 
@@ -60,7 +62,7 @@ func TestFailClosed(t *testing.T) {
 		check(t, newClient(t, nc, failClosed), ErrNoResponders)
 	})
 	t.Run("503", func(t *testing.T) {
-		sub := connect(t, s)
+		sub := jstest.Connect(t, s)
 		rsp := startResponder(t, sub, "rl503", func(seenRequest) answer {
 			return answer{Code: 503, Symbol: "unavailable", Message: "store unreachable"}
 		})
@@ -73,7 +75,7 @@ func TestFailClosed(t *testing.T) {
 		check(t, c, ErrTimeout)
 	})
 	t.Run("400 is not masked", func(t *testing.T) {
-		sub := connect(t, s)
+		sub := jstest.Connect(t, s)
 		startResponder(t, sub, "rl400", func(seenRequest) answer {
 			return answer{Code: 400, Symbol: "bad_request", Message: "missing plan"}
 		})
@@ -84,7 +86,7 @@ func TestFailClosed(t *testing.T) {
 		}
 	})
 	t.Run("500 is not masked", func(t *testing.T) {
-		sub := connect(t, s)
+		sub := jstest.Connect(t, s)
 		startResponder(t, sub, "rl500", func(seenRequest) answer {
 			return answer{Code: 500, Symbol: "internal", Message: "bug"}
 		})
@@ -100,7 +102,7 @@ func TestFailClosed(t *testing.T) {
 // burst, then refills at its rate on the injected clock.
 func TestFailOpenBucket(t *testing.T) {
 	s := startServer(t)
-	nc := connect(t, s)
+	nc := jstest.Connect(t, s)
 	clock := newFakeClock()
 	c := newClient(t, nc, Clock(clock.Now),
 		OnUnavailable(func(string, map[string]string) Failure { return FailOpenBucket(1, 3) }))
@@ -161,8 +163,8 @@ func TestFailOpenBucket(t *testing.T) {
 // chooses the behaviour per policy.
 func TestFailurePerPolicy(t *testing.T) {
 	s := startServer(t)
-	nc := connect(t, s)
-	sub := connect(t, s)
+	nc := jstest.Connect(t, s)
+	sub := jstest.Connect(t, s)
 	rsp := startResponder(t, sub, "rl", func(r seenRequest) answer {
 		return reply(true, r.Descriptor["tenant"]+"-policy", 1, "5", 0, 0)
 	})
@@ -221,7 +223,7 @@ func TestFailurePerPolicy(t *testing.T) {
 // the least recently used one is evicted (and starts full again).
 func TestEmergencyBucketsBounded(t *testing.T) {
 	s := startServer(t)
-	c := newClient(t, connect(t, s), Clock(newFakeClock().Now), MaxEmergencyBuckets(2),
+	c := newClient(t, jstest.Connect(t, s), Clock(newFakeClock().Now), MaxEmergencyBuckets(2),
 		OnUnavailable(func(string, map[string]string) Failure { return FailOpenBucket(1, 1) }))
 	ctx := context.Background()
 	allowed := func(tenant string) bool {
@@ -295,7 +297,7 @@ func TestMicroDecimal(t *testing.T) {
 // outage, with the clock standing still, admit exactly burst.
 func TestFailOpenBucketConcurrent(t *testing.T) {
 	s := startServer(t)
-	c := newClient(t, connect(t, s), Clock(newFakeClock().Now),
+	c := newClient(t, jstest.Connect(t, s), Clock(newFakeClock().Now),
 		OnUnavailable(func(string, map[string]string) Failure { return FailOpenBucket(1, 25) }))
 	const workers, each = 8, 20
 	admitted := make(chan int, workers)

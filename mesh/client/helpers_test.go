@@ -7,36 +7,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 )
 
-// startServer starts an in-process nats-server on a random port, shut down
-// when the test ends.
+// startServer starts a core nats-server (the SDK needs no JetStream) on a
+// random port, shut down when the test ends.
 func startServer(t testing.TB) *server.Server {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(s.Shutdown)
-	return s
-}
-
-// connect opens a connection to s, closed when the test ends.
-func connect(t testing.TB, s *server.Server) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return jstest.Start(t, jstest.NoJetStream).Server
 }
 
 // seenRequest is a decide request as the test responder decoded it, with

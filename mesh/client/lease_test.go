@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -99,10 +100,10 @@ var acmeD = map[string]string{"tenant": "acme", "operation": "search"}
 // waits; Close returns what was not spent.
 func TestLeaseSpendsLocally(t *testing.T) {
 	s := startServer(t)
-	nc := connect(t, s)
+	nc := jstest.Connect(t, s)
 	var f *fakeNode
-	f = startFakeNode(t, connect(t, s), func(int64) string { return f.grantOf(10_000_000, 2*time.Second) })
-	remote := startResponder(t, connect(t, s), "rl", func(seenRequest) answer {
+	f = startFakeNode(t, jstest.Connect(t, s), func(int64) string { return f.grantOf(10_000_000, 2*time.Second) })
+	remote := startResponder(t, jstest.Connect(t, s), "rl", func(seenRequest) answer {
 		return answer{Reply: `{"allowed":true,"policy":"acme","revision":7,"remaining":1}`}
 	})
 	c := newClient(t, nc, Leasing("gw-1"))
@@ -157,16 +158,16 @@ func TestLeaseDeadline(t *testing.T) {
 	var now atomic.Int64
 	clock := func() time.Time { return time.Unix(1000, now.Load()) }
 	var f *fakeNode
-	f = startFakeNode(t, connect(t, s), func(int64) string {
+	f = startFakeNode(t, jstest.Connect(t, s), func(int64) string {
 		if n, _ := f.counts(); n > 1 {
 			return `{"result":"remote","policy":"acme","revision":7}`
 		}
 		return f.grantOf(100_000_000, 2*time.Second)
 	})
-	startResponder(t, connect(t, s), "rl", func(seenRequest) answer {
+	startResponder(t, jstest.Connect(t, s), "rl", func(seenRequest) answer {
 		return answer{Reply: `{"allowed":false,"policy":"acme","revision":7,"remaining":0,"retry_after_ms":100}`}
 	})
-	c := newClient(t, connect(t, s), Leasing("gw-1"), Clock(clock))
+	c := newClient(t, jstest.Connect(t, s), Leasing("gw-1"), Clock(clock))
 	t.Cleanup(func() { _ = c.Close() })
 	l, _ := c.Lease(acmeD)
 	if r, err := l.Decide(context.Background(), 1); err != nil || r.Source != SourceLease {
@@ -195,11 +196,11 @@ func TestLeaseRefusals(t *testing.T) {
 	s := startServer(t)
 	var next atomic.Value
 	next.Store(`{"result":"exhausted","policy":"acme","revision":7,"retry_after_ns":300000000}`)
-	startFakeNode(t, connect(t, s), func(int64) string { return next.Load().(string) })
-	remote := startResponder(t, connect(t, s), "rl", func(seenRequest) answer {
+	startFakeNode(t, jstest.Connect(t, s), func(int64) string { return next.Load().(string) })
+	remote := startResponder(t, jstest.Connect(t, s), "rl", func(seenRequest) answer {
 		return answer{Reply: `{"allowed":true,"policy":"strictly","revision":2,"remaining":5}`}
 	})
-	c := newClient(t, connect(t, s), Leasing(""))
+	c := newClient(t, jstest.Connect(t, s), Leasing(""))
 	t.Cleanup(func() { _ = c.Close() })
 	r, err := c.Decide(context.Background(), acmeD, 1)
 	if err != nil || r.Allowed || r.Source != SourceLease || r.RetryAfter != 300*time.Millisecond {
@@ -213,7 +214,7 @@ func TestLeaseRefusals(t *testing.T) {
 	if r, err := c.Decide(context.Background(), other, 1); err != nil || !r.Allowed || r.Source != SourceService || r.Policy != "strictly" {
 		t.Fatalf("not leased: %+v %v", r, err)
 	}
-	c2 := newClient(t, connect(t, startServerWithDecide(t)), Leasing(""))
+	c2 := newClient(t, jstest.Connect(t, startServerWithDecide(t)), Leasing(""))
 	t.Cleanup(func() { _ = c2.Close() })
 	if r, err := c2.Decide(context.Background(), other, 1); err != nil || r.Source != SourceService {
 		t.Fatalf("no lease responders: %+v %v", r, err)
@@ -227,7 +228,7 @@ func TestLeaseRefusals(t *testing.T) {
 // startServerWithDecide starts a server with only a decide responder.
 func startServerWithDecide(t *testing.T) *server.Server {
 	s := startServer(t)
-	startResponder(t, connect(t, s), "rl", func(seenRequest) answer {
+	startResponder(t, jstest.Connect(t, s), "rl", func(seenRequest) answer {
 		return answer{Reply: `{"allowed":true,"policy":"","revision":0,"remaining":0}`}
 	})
 	return s
@@ -238,13 +239,13 @@ func startServerWithDecide(t *testing.T) *server.Server {
 func TestLeaseConcurrentSpends(t *testing.T) {
 	s := startServer(t)
 	var f *fakeNode
-	f = startFakeNode(t, connect(t, s), func(int64) string {
+	f = startFakeNode(t, jstest.Connect(t, s), func(int64) string {
 		if n, _ := f.counts(); n > 1 {
 			return `{"result":"exhausted","retry_after_ns":1000000000}`
 		}
 		return f.grantOf(1000, 2*time.Second)
 	})
-	c := newClient(t, connect(t, s), Leasing("gw"))
+	c := newClient(t, jstest.Connect(t, s), Leasing("gw"))
 	t.Cleanup(func() { _ = c.Close() })
 	l, _ := c.Lease(acmeD)
 	if _, err := l.Decide(context.Background(), 0, Cost("0.000001")); err != nil {
@@ -271,7 +272,7 @@ func TestLeaseConcurrentSpends(t *testing.T) {
 // (the grant's counter is shared: -cpu 1,2 shows how it scales).
 func BenchmarkLeaseSpend(b *testing.B) {
 	s := startServer(b)
-	c := newClient(b, connect(b, s), Leasing("gw"))
+	c := newClient(b, jstest.Connect(b, s), Leasing("gw"))
 	b.Cleanup(func() { _ = c.Close() })
 	l, _ := c.Lease(acmeD)
 	g := &grant{units: 1 << 62, low: 0, deadline: 1 << 62, ttl: int64(time.Hour), reportTo: "nowhere"}
@@ -304,13 +305,13 @@ func waitUntil(t testing.TB, what string, cond func() bool) {
 func TestLeaseCoarseClock(t *testing.T) {
 	s := startServer(t)
 	var f *fakeNode
-	f = startFakeNode(t, connect(t, s), func(int64) string {
+	f = startFakeNode(t, jstest.Connect(t, s), func(int64) string {
 		if n, _ := f.counts(); n > 1 {
 			return `{"result":"remote"}`
 		}
 		return f.grantOf(1<<50, 100*time.Millisecond)
 	})
-	c := newClient(t, connect(t, s), Leasing("gw"))
+	c := newClient(t, jstest.Connect(t, s), Leasing("gw"))
 	t.Cleanup(func() { _ = c.Close() })
 	l, _ := c.Lease(acmeD)
 	sent := time.Now()

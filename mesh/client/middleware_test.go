@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/limitmesh/limitmesh/internal/jstest"
 )
 
 // middlewareFixture serves a handler limited by a Client whose test
@@ -20,8 +22,8 @@ type middlewareFixture struct {
 func newMiddlewareFixture(t *testing.T, opts ...Option) *middlewareFixture {
 	t.Helper()
 	s := startServer(t)
-	nc := connect(t, s)
-	startResponder(t, connect(t, s), "rl", func(r seenRequest) answer {
+	nc := jstest.Connect(t, s)
+	startResponder(t, jstest.Connect(t, s), "rl", func(r seenRequest) answer {
 		d := r.Descriptor
 		if code, _ := strconv.Atoi(d["code"]); code != 0 {
 			return answer{Code: code, Symbol: "bad_request", Message: "secret detail"}
@@ -151,7 +153,7 @@ func TestMiddlewarePassThrough(t *testing.T) {
 	// No responder at all: a limited request would fail, so passing
 	// proves that the middleware did not ask.
 	s := startServer(t)
-	c := newClient(t, connect(t, s))
+	c := newClient(t, jstest.Connect(t, s))
 	served := 0
 	h := Middleware(c, func(*http.Request) (Request, bool) { return Request{}, false },
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served++ }))
@@ -177,7 +179,7 @@ func TestMiddlewareErrors(t *testing.T) {
 
 func TestMiddlewareUnavailable(t *testing.T) {
 	s := startServer(t)
-	nc := connect(t, s)
+	nc := jstest.Connect(t, s)
 	limited := func(*http.Request) (Request, bool) {
 		return Request{Descriptor: map[string]string{"tenant": "acme"}}, true
 	}
@@ -213,7 +215,7 @@ func TestMiddlewareUnavailable(t *testing.T) {
 
 func TestMiddlewareClientGone(t *testing.T) {
 	s := startServer(t)
-	c := newClient(t, connect(t, s), OnUnavailable(func(string, map[string]string) Failure { return FailClosed() }))
+	c := newClient(t, jstest.Connect(t, s), OnUnavailable(func(string, map[string]string) Failure { return FailClosed() }))
 	h := Middleware(c, func(*http.Request) (Request, bool) {
 		return Request{Descriptor: map[string]string{"tenant": "acme"}}, true
 	}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { t.Error("next served") }))

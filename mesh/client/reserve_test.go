@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/limitmesh/limitmesh/internal/jstest"
 )
 
 var acme = map[string]string{"tenant": "acme", "operation": "export"}
@@ -16,10 +18,10 @@ var acme = map[string]string{"tenant": "acme", "operation": "export"}
 func reserveFixture(t *testing.T, limit int64, concurrency bool, opts ...Option) (*Client, *resService) {
 	t.Helper()
 	s := startServer(t)
-	f := startResService(t, connect(t, s), "rl", limit, concurrency)
+	f := startResService(t, jstest.Connect(t, s), "rl", limit, concurrency)
 	// A generous timeout: the service answers every request, so a timeout
 	// here would only say the machine was busy.
-	return newClient(t, connect(t, s), append([]Option{Timeout(30 * time.Second)}, opts...)...), f
+	return newClient(t, jstest.Connect(t, s), append([]Option{Timeout(30 * time.Second)}, opts...)...), f
 }
 
 func mustReserve(t *testing.T, c *Client, cost int64, ttl time.Duration, opts ...DecideOption) *Reservation {
@@ -269,7 +271,7 @@ func TestReservationUnavailable(t *testing.T) {
 	}
 
 	t.Run("no responders", func(t *testing.T) {
-		c := newClient(t, connect(t, startServer(t)), failOpen)
+		c := newClient(t, jstest.Connect(t, startServer(t)), failOpen)
 		for name, call := range calls(c) {
 			if err := call(); !errors.Is(err, ErrNoResponders) {
 				t.Errorf("%s: %v, want ErrNoResponders", name, err)

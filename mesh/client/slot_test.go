@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -152,8 +153,8 @@ func TestAcquireDenied(t *testing.T) {
 // policy matched) is a slot that holds and renews nothing.
 func TestAcquireWithoutReservation(t *testing.T) {
 	s := startServer(t)
-	nc := connect(t, s)
-	svcNC := connect(t, s)
+	nc := jstest.Connect(t, s)
+	svcNC := jstest.Connect(t, s)
 	sub, err := svcNC.Subscribe("rl.v1.reserve", func(m *nats.Msg) {
 		_ = m.Respond([]byte(`{"allowed":true,"policy":"","revision":0,"remaining":0,"retry_after_ms":0,"reset_after_ms":0}`))
 	})

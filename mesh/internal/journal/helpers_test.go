@@ -6,38 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-// embeddedJS starts an embedded server with JetStream (stopped at cleanup)
-// and returns JetStream on an in-process connection to it.
-func embeddedJS(t *testing.T) jetstream.JetStream {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), DontListen: true, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(s.Shutdown)
-	nc, err := nats.Connect("", nats.InProcessServer(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
-}
 
 // views is a View that serves every partition in epoch 1.
 type views struct{}
@@ -52,7 +26,7 @@ const testParts = 64
 // and the journal stream RL_JOURNAL, and the bucket and JetStream.
 func testJournal(t *testing.T) (*Journal, jetstream.KeyValue, jetstream.JetStream) {
 	t.Helper()
-	js := embeddedJS(t)
+	js := jstest.StartJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "rl_state"})

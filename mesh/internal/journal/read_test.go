@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -21,7 +22,7 @@ func journalReadStream(t *testing.T, msgs int) (jetstream.Stream, uint64) {
 
 func journalReadStreamWith(t *testing.T, msgs int, cfg jetstream.StreamConfig) (jetstream.Stream, uint64) {
 	t.Helper()
-	js := embeddedJS(t)
+	js := jstest.StartJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := js.CreateStream(ctx, cfg)

@@ -5,10 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -17,21 +16,7 @@ import (
 // to rest plus the margin), by the store's clock; a store that cannot
 // write TTLs, or retention off, writes none.
 func TestBucketStoreTTL(t *testing.T) {
-	s, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), DontListen: true, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(s.Shutdown)
-	nc, err := nats.Connect("", nats.InProcessServer(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	js := jstest.StartJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "st", TTL: time.Hour}); err != nil {

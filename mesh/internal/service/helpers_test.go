@@ -8,14 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
 	"github.com/limitmesh/limitmesh/mesh/internal/policyset"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 	"github.com/limitmesh/limitmesh/policies"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
@@ -157,36 +156,11 @@ func tbPolicy(t testing.TB, name string, rev uint64, rate string, burst int, ext
 	return p
 }
 
-// embeddedJS starts an embedded server with JetStream (stopped at cleanup)
-// and returns JetStream on an in-process connection to it.
-func embeddedJS(t *testing.T) jetstream.JetStream {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), DontListen: true, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(s.Shutdown)
-	nc, err := nats.Connect("", nats.InProcessServer(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
-}
-
 // jsStateStore starts an embedded server (stopped at cleanup) with a
 // "rl_state" bucket and returns it with the JetStream store on it.
 func jsStateStore(t *testing.T) (jetstream.JetStream, jetstream.KeyValue, *kvstate.JetStreamStore) {
 	t.Helper()
-	js := embeddedJS(t)
+	js := jstest.StartJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "rl_state"})

@@ -77,20 +77,6 @@ func RestAt(l Limit, s State) int64 {
 	return minInt64
 }
 
-// RestAtAll returns the instant at and after which every state of a key
-// is at rest: the latest [RestAt] of its limits. states[i] belongs to
-// limits[i]; missing states are never seen. It never allocates, so a node
-// can compute it for each key record it keeps.
-func RestAtAll(limits []Limit, states []State) int64 {
-	at := int64(minInt64)
-	for i := range limits {
-		if i < len(states) {
-			at = max(at, RestAt(limits[i], states[i]))
-		}
-	}
-	return at
-}
-
 // RestSpan returns the longest time (ns) a state of l can take to come to
 // rest after the decision that last changed it, for a clock that does not
 // step back: a state that Decide returns at t (from a state written at or

@@ -110,21 +110,6 @@ func TestRestAtSteps(t *testing.T) {
 	if got := RestAt(q, s); got != utc(2024, 3, 1, 0, 0, 0, 0) {
 		t.Errorf("quota: %d", got)
 	}
-	// Several limits: the latest; never-seen states do not count.
-	limits := []Limit{tb, q, sl}
-	_, states := DecideAll(limits, nil, utc(2024, 2, 10, 0, 0, 0, 0), 1, nil)
-	if got := RestAtAll(limits, states); got != utc(2024, 3, 1, 0, 0, 0, 0) {
-		t.Errorf("RestAtAll: %d", got)
-	}
-	if got := RestAtAll(limits, states[:1]); got != RestAt(tb, states[0]) {
-		t.Errorf("RestAtAll with one state: %d", got)
-	}
-	if got := RestAtAll(limits, nil); got != math.MinInt64 {
-		t.Errorf("RestAtAll never seen: %d", got)
-	}
-	if n := testing.AllocsPerRun(100, func() { RestAtAll(limits, states) }); n != 0 {
-		t.Errorf("RestAtAll allocates %v", n)
-	}
 	// At rest at every instant, or never.
 	if got := RestAt(tb, State{}); got != math.MinInt64 {
 		t.Errorf("never seen: %d", got)

@@ -2,14 +2,12 @@ package kvstate
 
 import (
 	"context"
-	"sync"
 	"time"
 )
 
 // Store is where the encoded state of limit keys lives between decisions: a
 // key-value map with per-key revisions and compare-and-swap writes. The
-// JetStream KV implementation is [JetStreamStore]; [MemStore] is an in-memory
-// one for tests and single-process use.
+// implementation is [JetStreamStore], on a JetStream KV bucket.
 //
 // Values are opaque bytes to a Store. Revisions are positive and strictly
 // increase with every write of a key; 0 means "no value".
@@ -42,57 +40,4 @@ type AsyncStore interface {
 	Store
 	GetAsync(key string, timeout time.Duration, done func(val []byte, rev uint64, err error))
 	UpdateAsync(key string, value []byte, rev uint64, timeout time.Duration, done func(rev uint64, err error))
-}
-
-// MemStore is a [Store] in process memory. Its revisions are one sequence
-// for the whole store, like a JetStream stream's. The zero value is not
-// usable; call [NewMemStore].
-type MemStore struct {
-	mu   sync.Mutex
-	seq  uint64
-	vals map[string]memEntry
-}
-
-type memEntry struct {
-	val []byte
-	rev uint64
-}
-
-// NewMemStore returns an empty in-memory store.
-func NewMemStore() *MemStore { return &MemStore{vals: make(map[string]memEntry)} }
-
-// Get implements [Store]. The returned slice is a copy.
-func (m *MemStore) Get(ctx context.Context, key string) ([]byte, uint64, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, 0, err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	e, ok := m.vals[key]
-	if !ok {
-		return nil, 0, ErrNotFound
-	}
-	return append([]byte(nil), e.val...), e.rev, nil
-}
-
-// Update implements [Store]. The value is copied.
-func (m *MemStore) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.vals[key].rev != rev {
-		return 0, ErrConflict
-	}
-	m.seq++
-	m.vals[key] = memEntry{val: append([]byte(nil), value...), rev: m.seq}
-	return m.seq, nil
-}
-
-// Delete removes key, as an expiry would. It is a test helper.
-func (m *MemStore) Delete(key string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.vals, key)
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/internal/jstest"
+	"github.com/limitmesh/limitmesh/internal/storetest"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/nats-io/nats.go/jetstream"
@@ -66,7 +67,7 @@ func TestBucketStoreTTL(t *testing.T) {
 		}
 	}
 	// A store without TTLs (in memory) writes the record as it is.
-	mem := BucketStore{Bucket: memAsync{kvstate.NewMemStore()}, Retention: ret, Now: clock}
+	mem := BucketStore{Bucket: memAsync{storetest.NewMem()}, Retention: ret, Now: clock}
 	done := make(chan error, 1)
 	mem.UpdateAsync("k", record(time.Hour), nil, 0, time.Second, func(_ uint64, err error) { done <- err })
 	if err := <-done; err != nil {
@@ -74,8 +75,8 @@ func TestBucketStoreTTL(t *testing.T) {
 	}
 }
 
-// memAsync is a MemStore as an AsyncStore (no TTLs).
-type memAsync struct{ *kvstate.MemStore }
+// memAsync is a storetest.Mem as an AsyncStore (no TTLs).
+type memAsync struct{ *storetest.Mem }
 
 func (m memAsync) GetAsync(key string, _ time.Duration, done func([]byte, uint64, error)) {
 	go done(m.Get(context.Background(), key))

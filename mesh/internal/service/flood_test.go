@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/internal/storetest"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 )
 
@@ -27,7 +27,7 @@ func (c *countingStore) UpdateAsync(key string, val []byte, us []keyrec.Usage, r
 // rejected traffic.
 func benchmarkHandleDenied(b *testing.B, mode string) {
 	p := tbPolicy(b, "p", 4, "1/h", 1, `,"mode":"`+mode+`"`)
-	st := &countingStore{memStore: memStore{kvstate.NewMemStore()}}
+	st := &countingStore{memStore: memStore{storetest.NewMem()}}
 	n := offlineService(b, st, time.Second, p)
 	req := &nopRequest{data: []byte(`{"descriptor":{"tenant":"flood"},"cost":"1"}`)}
 	// The first request spends the burst: every later one is denied. Wait
@@ -69,7 +69,7 @@ func TestMaxKeysOverflowKey(t *testing.T) {
 	for _, mode := range []string{"strict", "async", "local"} {
 		t.Run(mode, func(t *testing.T) {
 			p := tbPolicy(t, "p", 1, "1/h", 1, `,"max_keys":2,"mode":"`+mode+`"`)
-			n := offlineService(t, memStore{kvstate.NewMemStore()}, 5*time.Second, p)
+			n := offlineService(t, memStore{storetest.NewMem()}, 5*time.Second, p)
 			body := func(tenant, extra string) string { return `{"descriptor":{"tenant":"` + tenant + `"}` + extra + `}` }
 			steps := []struct {
 				tenant, extra string
@@ -109,7 +109,7 @@ func TestMaxKeysOverflowKey(t *testing.T) {
 // overflow key's owner (here).
 func BenchmarkHandleOverflowed(b *testing.B) {
 	p := tbPolicy(b, "p", 4, "1/h", 1, `,"max_keys":1`)
-	n := offlineService(b, memStore{kvstate.NewMemStore()}, time.Second, p)
+	n := offlineService(b, memStore{storetest.NewMem()}, time.Second, p)
 	for _, body := range []string{`{"descriptor":{"tenant":"live"}}`, `{"descriptor":{"tenant":"over"}}`, `{"descriptor":{"tenant":"over"}}`} {
 		r := &fakeRequest{data: []byte(body), out: make(chan fakeReply, 1)}
 		n.Handle(r)

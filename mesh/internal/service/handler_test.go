@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/internal/storetest"
 	"github.com/nats-io/nats.go/micro"
 )
 
@@ -29,7 +29,7 @@ func (r *nopRequest) Reply() string                                            {
 // to a raw request-reply.
 func BenchmarkHandleDecideAsync(b *testing.B) {
 	p := tbPolicy(b, "p", 4, "1000/s", 100, `,"mode":"async"`)
-	n := offlineService(b, memStore{kvstate.NewMemStore()}, time.Second, p)
+	n := offlineService(b, memStore{storetest.NewMem()}, time.Second, p)
 	reqs := make([]nopRequest, 10000)
 	for i := range reqs {
 		reqs[i].data = []byte(`{"descriptor":{"tenant":"k` + strconv.Itoa(i) + `"},"cost":"1"}`)
@@ -52,7 +52,7 @@ func TestRoutedRecycled(t *testing.T) {
 	for _, mode := range []string{"async", "strict"} {
 		t.Run(mode, func(t *testing.T) {
 			p := tbPolicy(t, "p", 4, "1/h", 1000, `,"mode":"`+mode+`"`)
-			n := offlineService(t, memStore{kvstate.NewMemStore()}, 5*time.Second, p)
+			n := offlineService(t, memStore{storetest.NewMem()}, 5*time.Second, p)
 			const workers, each = 8, 200
 			errs := make(chan error, workers)
 			for w := range workers {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/internal/jstest"
+	"github.com/limitmesh/limitmesh/internal/storetest"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
@@ -48,9 +49,9 @@ func (r *fakeRequest) Headers() micro.Headers { return nil }
 func (r *fakeRequest) Subject() string        { return "rl.v1.decide" }
 func (r *fakeRequest) Reply() string          { return "_INBOX.x" }
 
-// memStore is kvstate.MemStore as a keys.Store: each operation answers on
+// memStore is storetest.Mem as a keys.Store: each operation answers on
 // a goroutine of its own, as the JetStream store does.
-type memStore struct{ *kvstate.MemStore }
+type memStore struct{ *storetest.Mem }
 
 func (m memStore) GetAsync(key string, _ time.Duration, done func([]byte, uint64, error)) {
 	go func() { done(m.Get(context.Background(), key)) }()

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/internal/storetest"
 	"github.com/limitmesh/limitmesh/policies"
 )
 
@@ -56,7 +56,7 @@ func TestMemoRules(t *testing.T) {
 // installed, with its new key dimensions.
 func TestMemoFollowsPolicyChange(t *testing.T) {
 	p1 := tbPolicy(t, "p", 4, "1/h", 2, "")
-	n := offlineService(t, memStore{kvstate.NewMemStore()}, time.Second, p1)
+	n := offlineService(t, memStore{storetest.NewMem()}, time.Second, p1)
 	body := `{"descriptor":{"tenant":"a","plan":"x"}}`
 	for range 2 {
 		if rep := n.decideOffline(t, body); !strings.HasPrefix(string(rep.body), `{"allowed":true,"policy":"p","revision":4,`) {
@@ -84,7 +84,7 @@ func TestMemoFollowsPolicyChange(t *testing.T) {
 // table's entry, never on the removed one: one state per key.
 func TestMemoHintAfterRemoval(t *testing.T) {
 	p := tbPolicy(t, "p", 4, "1/h", 3, "")
-	n := offlineService(t, memStore{kvstate.NewMemStore()}, time.Second, p)
+	n := offlineService(t, memStore{storetest.NewMem()}, time.Second, p)
 	body := `{"descriptor":{"tenant":"a"}}`
 	n.decideOffline(t, body)
 	m := n.memo.get([]byte(body), n.set.Snapshot())

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/internal/storetest"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 )
@@ -16,7 +16,7 @@ func TestNodeOffline(t *testing.T) {
 	p := tbPolicy(t, "p", 4, "1/h", 2, "")
 	// The clock stands still: a 1/h bucket refills a micro-unit every
 	// 3.6 ms of real time, so exact counts need a clock that does not move.
-	n := offlineServiceOn(t, frozen{rt.Real, time.Now()}, memStore{kvstate.NewMemStore()}, time.Second, p)
+	n := offlineServiceOn(t, frozen{rt.Real, time.Now()}, memStore{storetest.NewMem()}, time.Second, p)
 	for i, want := range []string{
 		`{"allowed":true,"policy":"p","revision":4,"remaining":1,`,
 		`{"allowed":true,"policy":"p","revision":4,"remaining":0,`,
@@ -47,7 +47,7 @@ func (panicStore) UpdateAsync(string, []byte, []keyrec.Usage, uint64, time.Durat
 // answered with a 500, and the key is reset: the next request is decided
 // again (and panics again here).
 func TestNodePanicIs500(t *testing.T) {
-	n := offlineService(t, panicStore{memStore{kvstate.NewMemStore()}}, time.Second, tbPolicy(t, "p", 1, "1/s", 2, ""))
+	n := offlineService(t, panicStore{memStore{storetest.NewMem()}}, time.Second, tbPolicy(t, "p", 1, "1/s", 2, ""))
 	rep := n.decideOffline(t, `{"descriptor":{"tenant":"a"}}`)
 	var body struct{ Error string }
 	if rep.code != "500" || json.Unmarshal(rep.body, &body) != nil || body.Error != "internal" {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/internal/jstest"
+	"github.com/limitmesh/limitmesh/internal/usagetest"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/limitmesh/limitmesh/policies"
@@ -51,7 +52,7 @@ func shadowInstallation(t *testing.T) (string, jetstream.JetStream) {
 			Cost: 1_000_000, Allowed: i%7 != 0})
 	}
 	for i := 0; i < len(recs); i += 50 {
-		b := usagestream.AppendBatch(nil, &usagestream.Batch{Node: "n1", Policy: "", Records: recs[i : i+50]})
+		b := usagetest.AppendBatch(nil, &usagestream.Batch{Node: "n1", Policy: "", Records: recs[i : i+50]})
 		if _, err := js.Publish(ctx, usagestream.Subject("rl", ""), b); err != nil {
 			t.Fatal(err)
 		}

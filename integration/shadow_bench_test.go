@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/usagetest"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/limitmesh/limitmesh/mesh"
@@ -279,7 +280,7 @@ func BenchmarkShadowEvaluatorVsDecide(b *testing.B) {
 			}
 		}
 		for i := 0; i < len(recs); i += 500 {
-			body := usage.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "live", Records: recs[i:min(i+500, len(recs))]})
+			body := usagetest.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "live", Records: recs[i:min(i+500, len(recs))]})
 			if _, err := js.Publish(ctx, usage.Subject(prefix, "live"), body); err != nil {
 				b.Fatal(err)
 			}

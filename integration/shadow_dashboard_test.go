@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/usagetest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -238,7 +239,7 @@ func publishUsage(t *testing.T, js jetstream.JetStream, recs []usage.Record) {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	for i := 0; i < len(recs); i += 200 {
-		b := usage.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "", Records: recs[i:min(i+200, len(recs))]})
+		b := usagetest.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "", Records: recs[i:min(i+200, len(recs))]})
 		m := nats.NewMsg(usage.Subject("rl", ""))
 		m.Data = b
 		m.Header.Set(jetstream.MsgIDHeader, recs[i].ID)

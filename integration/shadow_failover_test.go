@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/usagetest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -70,7 +71,7 @@ func publishRecords(t *testing.T, js jetstream.JetStream, recs []usage.Record) [
 	for i := 0; i < len(recs); i += 40 {
 		batch := recs[i:min(i+40, len(recs))]
 		m := nats.NewMsg(usage.Subject("rl", ""))
-		m.Data = usage.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "", Records: batch})
+		m.Data = usagetest.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "", Records: batch})
 		m.Header.Set(jetstream.MsgIDHeader, batch[0].ID)
 		retryJS(t, "publish a usage batch", func(ctx context.Context) error {
 			_, err := js.PublishMsg(ctx, m)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/usagetest"
 	"github.com/limitmesh/limitmesh/policies"
 	"github.com/limitmesh/limitmesh/usage"
 )
@@ -125,7 +126,7 @@ func BenchmarkDecodeReplayTenCandidates(b *testing.B) {
 	recs := benchRecords(b, 200_000)
 	var msgs [][]byte
 	for i := 0; i < len(recs); i += 500 {
-		msgs = append(msgs, usage.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "live", Records: recs[i : i+500]}))
+		msgs = append(msgs, usagetest.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "live", Records: recs[i : i+500]}))
 	}
 	r := NewReplay(Options{})
 	r.SetCandidates(tenCandidates(b))
@@ -161,7 +162,7 @@ func BenchmarkBacktest(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for i := 0; i < len(recs); i += 500 {
-		body := usage.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "live", Records: recs[i : i+500]})
+		body := usagetest.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "live", Records: recs[i : i+500]})
 		if _, err := js.Publish(ctx, usage.Subject("rl", "live"), body); err != nil {
 			b.Fatal(err)
 		}
@@ -205,7 +206,7 @@ func BenchmarkEvaluatorTenCandidates(b *testing.B) {
 		recs := benchRecords(b, 200_000)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		for j := 0; j < len(recs); j += 500 {
-			body := usage.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "live", Records: recs[j : j+500]})
+			body := usagetest.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: "live", Records: recs[j : j+500]})
 			if _, err := js.Publish(ctx, usage.Subject("rl", "live"), body); err != nil {
 				b.Fatal(err)
 			}

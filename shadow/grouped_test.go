@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/limitmesh/limitmesh/internal/usagetest"
 	"pgregory.net/rapid"
 
 	"github.com/limitmesh/limitmesh/usage"
@@ -39,7 +40,7 @@ func TestReplayGroupedMatchesRecords(t *testing.T) {
 				if grouped {
 					data = usage.EncodeGrouped("n1", policy, "n1.b1.live."+strconv.Itoa(start), part)
 				} else {
-					data = usage.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: policy, Records: part})
+					data = usagetest.AppendBatch(nil, &usage.Batch{Node: "n1", Policy: policy, Records: part})
 				}
 				b, err := usage.DecodeBatch(data)
 				if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/internal/jstest"
+	"github.com/limitmesh/limitmesh/internal/usagetest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -87,7 +88,7 @@ func publishBatches(t testing.TB, js jetstream.JetStream, prefix, node string, r
 			byPolicy[p] = append(byPolicy[p], r)
 		}
 		for _, p := range order {
-			b := usage.AppendBatch(nil, &usage.Batch{Node: node, Policy: p, Records: byPolicy[p]})
+			b := usagetest.AppendBatch(nil, &usage.Batch{Node: node, Policy: p, Records: byPolicy[p]})
 			m := nats.NewMsg(usage.Subject(prefix, p))
 			m.Data = b
 			m.Header.Set(jetstream.MsgIDHeader, node+"/"+byPolicy[p][0].ID)

@@ -73,7 +73,7 @@ func streamFloor(b *testing.B, readOnly bool) {
 			Descriptor: desc(b, "key", k), Cost: 1_000_000, Allowed: i%3 != 0,
 		}
 	}
-	body := AppendBatch(nil, &Batch{Node: "n1", Policy: policy, Records: records})
+	body := appendBatch(nil, &Batch{Node: "n1", Policy: policy, Records: records})
 	msgs := (b.N + perMsg - 1) / perMsg
 
 	msg := &nats.Msg{Subject: Subject("rl", policy), Header: nats.Header{}, Data: body}

@@ -120,7 +120,7 @@ func TestGroupedRoundTrip(t *testing.T) {
 			t.Fatalf("round trip of %s\n got %+v\nwant %+v", data, b.Records, want)
 		}
 		// The v1.1 view is the same bytes as the records encoded one by one.
-		if v1, v2 := AppendBatch(nil, &Batch{Node: "n1", Policy: policy, Records: want}), AppendBatch(nil, &b); string(v1) != string(v2) {
+		if v1, v2 := appendBatch(nil, &Batch{Node: "n1", Policy: policy, Records: want}), appendBatch(nil, &b); string(v1) != string(v2) {
 			t.Fatalf("v1.1 views differ:\n%s\n%s", v1, v2)
 		}
 		var sumA, sumD int64
@@ -219,7 +219,7 @@ func TestGroupedSize(t *testing.T) {
 			Key: "p.bench-strict-1043464d.key=k" + k, Descriptor: desc(t, "key", "k"+k), Cost: 1_000_000, Allowed: i%4 != 0,
 		})
 	}
-	v1 := AppendBatch(nil, &Batch{Node: "n1", Policy: "bench-strict-1043464d", Records: records})
+	v1 := appendBatch(nil, &Batch{Node: "n1", Policy: "bench-strict-1043464d", Records: records})
 	v2 := EncodeGrouped("n1", "bench-strict-1043464d", "n1.0123456789abcdef.bench-strict-1043464d.17", records)
 	t.Logf("v1.1 %.1f bytes per decision, grouped %.1f", float64(len(v1))/10000, float64(len(v2))/10000)
 	if len(v2)*5 > len(v1) {
@@ -321,7 +321,7 @@ func TestGroupedContractExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := string(AppendBatch(nil, &Batch{Node: b.Node, Policy: b.Policy, Records: b.Records}))
+	got := string(appendBatch(nil, &Batch{Node: b.Node, Policy: b.Policy, Records: b.Records}))
 	want := `{"node":"n1","policy":"acme-search","records":[` +
 		`{"id":"n1.3f2a9c01d2e4b5a6.j8812.4","t_us":1764752400123456,"revision":12,"key":"p.acme-search.operation=search.plan=v7.tenant=acme","descriptor":{"operation":"search","plan":"v7","tenant":"acme"},"cost":3,"result":"allowed"},` +
 		`{"id":"n1.3f2a9c01d2e4b5a6.acme-search.17.1","t_us":1764752400123656,"revision":12,"key":"p.acme-search.operation=search.plan=v7.tenant=birch","descriptor":{"operation":"search","plan":"v7","tenant":"birch","user":"u1"},"cost":2.5,"result":"allowed","request_id":"7f1c2e"},` +

@@ -65,12 +65,6 @@ func isJournalToken(s string) bool {
 // Origin returns "<node>.<boot>".
 func Origin(node, boot string) string { return node + "." + boot }
 
-// OrdinaryID returns the id of ordinary record n of origin node.boot:
-// "<node>.<boot>.<n>".
-func OrdinaryID(node, boot string, n uint64) string {
-	return node + "." + boot + "." + strconv.FormatUint(n, 10)
-}
-
 // JournalID returns the id of the record of the decision at index idx of
 // state journal message jseq, journalled by origin node.boot:
 // "<node>.<boot>.j<jseq>.<idx>".

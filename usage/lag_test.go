@@ -34,7 +34,7 @@ func TestMeasureLag(t *testing.T) {
 		for j := range b.Records {
 			b.Records[j].ID = fmt.Sprintf("n1.b.%d", 2*i+j)
 		}
-		if _, err := js.Publish(ctx, Subject("rl", "acme"), AppendBatch(nil, &b)); err != nil {
+		if _, err := js.Publish(ctx, Subject("rl", "acme"), appendBatch(nil, &b)); err != nil {
 			t.Fatal(err)
 		}
 	}

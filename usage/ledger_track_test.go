@@ -23,7 +23,7 @@ func TestTrackedKeysOwnTheirStrings(t *testing.T) {
 			r.ID = fmt.Sprintf("n1.b%d.%d", m, k)
 			b.Records = append(b.Records, r)
 		}
-		d, err := DecodeBatch(AppendBatch(nil, &b))
+		d, err := DecodeBatch(appendBatch(nil, &b))
 		if err != nil {
 			t.Fatal(err)
 		}

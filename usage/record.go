@@ -74,36 +74,9 @@ const (
 	MaxReservationLen = 128
 )
 
-// AppendBatch appends the JSON encoding of b (CONTRACT.md §6) to dst and
-// returns the extended slice. Fields are written in the contract's order;
-// strings are escaped as JSON requires (invalid UTF-8 becomes U+FFFD), costs
-// are decimals with the fractional digits they need ("3", "2.5"). It does
-// not validate b: a batch built from valid decisions decodes back equal
-// with [DecodeBatch].
-func AppendBatch(dst []byte, b *Batch) []byte {
-	dst = appendBatchHead(dst, b.Node, b.Policy)
-	for i := range b.Records {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = appendRecord(dst, &b.Records[i], "", 0)
-	}
-	return append(dst, "]}"...)
-}
-
 // AppendRecord appends the JSON object of one record, as it appears in a
 // batch, to dst.
 func AppendRecord(dst []byte, r *Record) []byte { return appendRecord(dst, r, "", 0) }
-
-// appendBatchHead writes the batch up to the records array's opening
-// bracket.
-func appendBatchHead(dst []byte, node, policy string) []byte {
-	dst = append(dst, `{"node":`...)
-	dst = appendString(dst, node)
-	dst = append(dst, `,"policy":`...)
-	dst = appendString(dst, policy)
-	return append(dst, `,"records":[`...)
-}
 
 // appendRecord writes one record object. A record without an id gets
 // idPrefix followed by n in decimal (the publisher's ordinary ids, made

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -20,6 +21,35 @@ func desc(t failer, kv ...string) policies.Descriptor {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// appendBatch appends b's records as one v1.1 usage message (CONTRACT.md
+// §6), each record as AppendRecord writes it; b.Groups are not written.
+func appendBatch(dst []byte, b *Batch) []byte {
+	dst = append(dst, `{"node":`...)
+	dst = appendJSON(dst, b.Node)
+	dst = append(dst, `,"policy":`...)
+	dst = appendJSON(dst, b.Policy)
+	dst = append(dst, `,"records":[`...)
+	for i := range b.Records {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = AppendRecord(dst, &b.Records[i])
+	}
+	return append(dst, "]}"...)
+}
+
+// appendJSON appends s as a JSON string (invalid UTF-8 as U+FFFD).
+func appendJSON(dst []byte, s string) []byte {
+	b, _ := json.Marshal(s) // a string always encodes
+	return append(dst, b...)
+}
+
+// ordinaryID is the id of ordinary record n of origin node.boot:
+// "<node>.<boot>.<n>" (see ids.go).
+func ordinaryID(node, boot string, n uint64) string {
+	return node + "." + boot + "." + strconv.FormatUint(n, 10)
 }
 
 // The contract's example message decodes to the record it shows.
@@ -44,7 +74,7 @@ func TestDecodeContractExample(t *testing.T) {
 	}
 }
 
-// AppendBatch writes the contract's JSON byte for byte, and it is JSON.
+// appendBatch (AppendRecord for each record) writes the contract's JSON byte for byte, and it is JSON.
 func TestAppendBatchGolden(t *testing.T) {
 	b := Batch{Node: "n1", Policy: "acme-search", Records: []Record{
 		{ID: "n1.7.1", TimeUs: 1764752400123456, Revision: 12, Key: "p.acme-search.tenant=acme",
@@ -56,7 +86,7 @@ func TestAppendBatchGolden(t *testing.T) {
 		{ID: "n1.7.2", TimeUs: 7, Revision: 12, Key: "p.acme-search.tenant=acme",
 			Descriptor: desc(t, "tenant", "acme"), Cost: 1_500_000, Allowed: true, RequestID: "r2", Reservation: "r.4.0a"},
 	}}
-	got := string(AppendBatch(nil, &b))
+	got := string(appendBatch(nil, &b))
 	want := `{"node":"n1","policy":"acme-search","records":[` +
 		`{"id":"n1.7.1","t_us":1764752400123456,"revision":12,"key":"p.acme-search.tenant=acme","descriptor":{"note":"a \"q\" \\ é/","tenant":"acme"},"cost":2.5,"result":"allowed","request_id":"r1"},` +
 		`{"id":"n1.7.j9.0","t_us":5,"revision":12,"key":"p.acme-search.tenant=acme","descriptor":{"tenant":"acme"},"cost":0.000001,"result":"denied"},` +
@@ -224,7 +254,7 @@ func FuzzDecodeBatch(f *testing.F) {
 			b = Batch{Node: b.Node, Policy: b.Policy, Records: b.Records}
 		}
 		// What decodes encodes to JSON that decodes to the same batch.
-		enc := AppendBatch(nil, &b)
+		enc := appendBatch(nil, &b)
 		if !json.Valid(enc) {
 			t.Fatalf("encoding is not JSON: %s", enc)
 		}
@@ -259,7 +289,7 @@ func TestJournalIDs(t *testing.T) {
 	if !ok || origin != "n1.ab12" || pos != (JournalPos{42, 7}) {
 		t.Fatalf("%q %v %v", origin, pos, ok)
 	}
-	for _, bad := range []string{OrdinaryID("n1", "ab12", 3), "j1.2", "a.j.1", "a.jx.1", "a.j1.", "a.j1.-1", ".j1.2", "a.j1.4294967296", "a.j18446744073709551616.0"} {
+	for _, bad := range []string{ordinaryID("n1", "ab12", 3), "j1.2", "a.j.1", "a.jx.1", "a.j1.", "a.j1.-1", ".j1.2", "a.j1.4294967296", "a.j18446744073709551616.0"} {
 		if _, _, ok := ParseJournalID(bad); ok {
 			t.Errorf("ParseJournalID(%q) accepted", bad)
 		}
@@ -294,13 +324,13 @@ func BenchmarkDecodeBatch(b *testing.B) {
 	batch := Batch{Node: "n1", Policy: "acme-search"}
 	for i := 0; i < 1000; i++ {
 		batch.Records = append(batch.Records, Record{
-			ID: OrdinaryID("n1", "0123456789abcdef", uint64(i)), TimeUs: 1764752400123456 + int64(i), Revision: 12,
+			ID: ordinaryID("n1", "0123456789abcdef", uint64(i)), TimeUs: 1764752400123456 + int64(i), Revision: 12,
 			Key:        "p.acme-search.operation=search.plan=v7.tenant=acme",
 			Descriptor: desc(b, "tenant", "acme", "operation", "search", "plan", "v7"),
 			Cost:       2_500_000, Allowed: true,
 		})
 	}
-	data := AppendBatch(nil, &batch)
+	data := appendBatch(nil, &batch)
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -320,7 +350,7 @@ func TestRequestIDControlCharacters(t *testing.T) {
 	recs := []Record{{ID: "n.b.0", TimeUs: 1, Revision: 1, Key: "p.p.t=x", Descriptor: desc(t, "t", "x"),
 		Cost: 1_000_000, Allowed: true, RequestID: "r\n\t\x01\u00e9"}}
 	for name, msg := range map[string][]byte{
-		"records": AppendBatch(nil, &Batch{Node: "n", Policy: "p", Records: recs}),
+		"records": appendBatch(nil, &Batch{Node: "n", Policy: "p", Records: recs}),
 		"grouped": EncodeGrouped("n", "p", "n.b", recs),
 	} {
 		b, err := DecodeBatch(msg)

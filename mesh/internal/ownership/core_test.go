@@ -2,8 +2,6 @@ package ownership
 
 import (
 	"errors"
-	"fmt"
-	"hash/fnv"
 	"reflect"
 	"slices"
 	"strconv"
@@ -201,19 +199,6 @@ func (s *sim) epochs() []uint64 {
 		}
 	}
 	return e
-}
-
-func TestPartitionOfIsFNV1a(t *testing.T) {
-	for i := range 200 {
-		key := fmt.Sprintf("p.slow.tenant=t%d", i)
-		h := fnv.New32a()
-		h.Write([]byte(key))
-		for _, parts := range []int{1, 7, 64, 4096} {
-			if got, want := PartitionOf(key, parts), int(h.Sum32()%uint32(parts)); got != want {
-				t.Fatalf("PartitionOf(%q, %d) = %d, want %d", key, parts, got, want)
-			}
-		}
-	}
 }
 
 func hrwAssign(nodes []string, parts int) []string {

@@ -1,12 +1,9 @@
 package integration
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"math"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,74 +14,46 @@ import (
 
 // TestForwardLostReplyDecidedOnce: a node forwards a request to the key's
 // owner, the owner decides it, and the forwarder's connection fails before
-// the reply comes back (the test cuts it the moment the forwarded request
-// appears on the owner's shard subject, and heals it 50 ms later). The
-// client may get a 503, but the request is spent at most once: the
-// forwarder must not hand it to the owner again as a new request. The cut
-// must fall between the owner's decision and the forwarder's receipt of
-// the reply; the test tries up to 20 times (as a rule the first does) and
-// skips if it never did.
+// the reply comes back. The client may get a 503, but the request is
+// spent exactly once: the forwarder must not hand it to the owner again as
+// a new request.
+//
+// Both nodes reach the server through proxies the test controls, so the
+// reply is lost every time: the owner receives nothing until the test has
+// seen the forwarded request and held back everything sent to the
+// forwarder; then the owner decides and replies, the test sees the reply
+// pass, and cuts the forwarder's connection with the reply still held.
 func TestForwardLostReplyDecidedOnce(t *testing.T) {
-	for attempt := range 20 {
-		shown := false
-		t.Run(fmt.Sprint(attempt), func(t *testing.T) { shown = forwardLostReply(t, attempt) })
-		if shown || t.Failed() {
-			return
-		}
-	}
-	t.Skip("the cut never came between the owner's decision and its reply: nothing shown")
-}
-
-// forwardLostReply runs one try; it reports whether the cut fell between
-// the owner's decision and the forwarder's receipt of its reply.
-func forwardLostReply(t *testing.T, attempt int) bool {
 	e := server(t, t.TempDir())
-	owner := startNode(t, e, mesh.NodeConfig{NodeID: "owner", LeaseTime: time.Hour})
-	// The forwarder reaches the server through a proxy the test cuts.
-	px := newProxy(t, e.Server().Addr().String())
-	fnc, err := nats.Connect("nats://"+px.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(5*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fnc.Close)
-	fwd, err := mesh.NewNode(fnc, mesh.NodeConfig{NodeID: "fwd", LeaseTime: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	defer cancel()
-	if err := fwd.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-		defer cancel()
-		_ = fwd.Stop(ctx)
-	})
-	fn := &testNode{node: fwd, nc: fnc}
+	opx := newProxy(t, e.Server().Addr().String())
+	fpx := newProxy(t, e.Server().Addr().String())
+	owner := proxiedNode(t, opx, mesh.NodeConfig{NodeID: "owner", LeaseTime: time.Hour})
+	fwd := proxiedNode(t, fpx, mesh.NodeConfig{NodeID: "fwd", LeaseTime: time.Hour})
 	rev := putPolicy(t, owner.nc, "rl_policies", "slow", slowPolicy)
-	waitApplied(t, "slow", rev, owner, fn)
-	nodes := []*testNode{owner, fn}
+	waitApplied(t, "slow", rev, owner, fwd)
+	nodes := []*testNode{owner, fwd}
 	waitExclusive(t, nodes)
 	tenant := tenantOwnedBy(t, nodes, 0)
 	desc := map[string]string{"tenant": tenant}
 	p := owner.node.PartitionOf(slowKey(tenant))
 	q := -1 // a partition the forwarder serves
-	for i := range fwd.Partitions() {
-		if fwd.Owns(i) {
+	for i := range fwd.node.Partitions() {
+		if fwd.node.Owns(i) {
 			q = i
 			break
 		}
 	}
 
-	// The test sees the forwarded request on the owner's shard subject and
-	// cuts the forwarder off at once, then lets it reconnect.
+	// The test sees the forwarded request on the owner's shard subject,
+	// with the subject its reply goes to.
 	client := connect(t, e)
-	seen := make(chan struct{})
-	var once sync.Once
+	forwarded := make(chan string, 1)
 	sub, err := client.Subscribe(owner.node.ShardSubject(p), func(m *nats.Msg) {
 		if m.Header.Get(mesh.HopHeader) != "" {
-			once.Do(func() { px.Cut(); close(seen) })
+			select {
+			case forwarded <- m.Reply:
+			default:
+			}
 		}
 	})
 	if err != nil {
@@ -94,10 +63,11 @@ func forwardLostReply(t *testing.T, attempt int) bool {
 	if err := client.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	opx.Hold() // the owner receives nothing for now
 	done := make(chan reply, 1)
 	go func() {
 		// Sent to the forwarder's shard subject: it forwards to the owner.
-		m, err := client.Request(fwd.ShardSubject(q), []byte(req(desc, `"cost":10`)), testTimeout)
+		m, err := client.Request(fwd.node.ShardSubject(q), []byte(req(desc, `"cost":10`)), testTimeout)
 		if err != nil {
 			done <- reply{Code: "no reply: " + err.Error()}
 			return
@@ -105,13 +75,28 @@ func forwardLostReply(t *testing.T, attempt int) bool {
 		r, _ := decodeReply(m)
 		done <- r
 	}()
+	var inbox string
 	select {
-	case <-seen:
+	case inbox = <-forwarded:
 	case <-time.After(testTimeout):
 		t.Fatal("the forwarder never forwarded")
 	}
-	time.Sleep(50 * time.Millisecond)
-	px.Heal()
+	fpx.Hold() // the owner's reply will wait in the proxy
+	replied, err := client.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer replied.Unsubscribe()
+	if err := client.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	opx.Release()
+	if _, err := replied.NextMsg(testTimeout); err != nil {
+		t.Fatalf("the owner never replied to the forwarded request: %v", err)
+	}
+	fpx.Cut() // the reply is lost with the connection
+	fpx.Release()
+	fpx.Heal()
 	r := <-done
 	// A dry run's remaining is what a request of cost 1 would leave.
 	after := decide(t, owner.nc, "rl.v1.decide", req(desc, `"dry_run":true`))
@@ -120,11 +105,22 @@ func forwardLostReply(t *testing.T, attempt int) bool {
 		credit++
 	}
 	spent := 40 - int(math.Floor(credit))
-	t.Logf("try %d: the client got %+v; the key has %v left (%d spent)", attempt, r, credit, spent)
-	if spent > 10 {
-		t.Fatalf("DOUBLE SPEND: one request of cost 10 spent %d units (reply %+v)", spent, r)
+	t.Logf("the client got %+v; the key has %v left (%d spent)", r, credit, spent)
+	if spent != 10 {
+		t.Fatalf("one request of cost 10, decided once by the owner, spent %d units (reply %+v)", spent, r)
 	}
-	return spent == 10 && r.Code != ""
+}
+
+// proxiedNode starts a node whose connection to the server passes through
+// px and reconnects at once when px cuts it.
+func proxiedNode(t *testing.T, px *proxy, cfg mesh.NodeConfig) *testNode {
+	t.Helper()
+	nc, err := nats.Connect("nats://"+px.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(5*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return runNode(t, nc, cfg)
 }
 
 // TestForwardHandOverDecidedOnce: while a partition changes hands, two

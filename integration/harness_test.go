@@ -72,7 +72,13 @@ type testNode struct {
 // serve HTTPHandler; Stop at cleanup.
 func startNode(t testing.TB, e *mesh.Embedded, cfg mesh.NodeConfig) *testNode {
 	t.Helper()
-	nc := connect(t, e)
+	return runNode(t, connect(t, e), cfg)
+}
+
+// runNode runs the `limitmesh serve` sequence on nc: NewNode, Start,
+// serve HTTPHandler; Stop at cleanup.
+func runNode(t testing.TB, nc *nats.Conn, cfg mesh.NodeConfig) *testNode {
+	t.Helper()
 	n, err := mesh.NewNode(nc, cfg)
 	if err != nil {
 		t.Fatalf("NewNode: %v", err)

@@ -19,15 +19,18 @@ import (
 
 // proxy forwards TCP connections from its loopback listener to a target.
 // Cut closes every connection it carries and refuses new ones until Heal.
-// It is safe for concurrent use.
+// Hold keeps what the target sends from reaching the clients until
+// Release (a Cut in between drops it). It is safe for concurrent use.
 type proxy struct {
 	l      net.Listener
 	target string
 
-	mu    sync.Mutex
-	cut   bool
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	mu       sync.Mutex
+	cut      bool
+	held     bool
+	released *sync.Cond // broadcast when held or cut changes
+	conns    map[net.Conn]struct{}
+	wg       sync.WaitGroup
 }
 
 // newProxy listens on a free loopback port and forwards to target; it
@@ -39,6 +42,7 @@ func newProxy(t testing.TB, target string) *proxy {
 		t.Fatal(err)
 	}
 	p := &proxy{l: l, target: target, conns: map[net.Conn]struct{}{}}
+	p.released = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -77,17 +81,59 @@ func (p *proxy) serve(c net.Conn) {
 	}
 	defer p.untrack(d)
 	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
+	pipe := func(dst, src net.Conn, copy func(dst, src net.Conn)) {
+		copy(dst, src)
 		// Either side ending ends both.
 		dst.Close()
 		src.Close()
 		done <- struct{}{}
 	}
-	go pipe(d, c)
-	go pipe(c, d)
+	go pipe(d, c, func(dst, src net.Conn) { _, _ = io.Copy(dst, src) })
+	go pipe(c, d, p.copyHeld)
 	<-done
 	<-done
+}
+
+// copyHeld copies src to dst, each chunk once the proxy is not held; a
+// chunk waiting when the proxy is cut is dropped.
+func (p *proxy) copyHeld(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			for p.held && !p.cut {
+				p.released.Wait()
+			}
+			cut := p.cut
+			p.mu.Unlock()
+			if cut {
+				return
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// Hold stops forwarding what the target sends: it waits in the proxy
+// (and in the target's socket buffers) until Release.
+func (p *proxy) Hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held = true
+}
+
+// Release forwards what the target sends again, what waited first.
+func (p *proxy) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held = false
+	p.released.Broadcast()
 }
 
 // track registers a connection; false if the proxy is cut.
@@ -113,6 +159,7 @@ func (p *proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = true
+	p.released.Broadcast()
 	for c := range p.conns {
 		c.Close()
 	}

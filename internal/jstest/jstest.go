@@ -17,7 +17,7 @@ import (
 )
 
 // readyWait is how long a server may take to accept connections.
-const readyWait = 30 * time.Second
+const readyWait = 60 * time.Second
 
 // Option changes the options [Start] gives its server.
 type Option func(*server.Options)

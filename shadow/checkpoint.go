@@ -37,14 +37,9 @@ const (
 	checkpointVersion = 1
 )
 
-// AppendCheckpoint appends the encoding of r's state, covering the stream
-// up to and including sequence seq, to dst.
-func (r *Replay) AppendCheckpoint(dst []byte, seq uint64) []byte {
-	return appendCheckpoint(dst, seq, r)
-}
-
-// appendCheckpoint appends one checkpoint holding the candidates of every
-// Replay of rs (whose candidates are disjoint).
+// appendCheckpoint appends one checkpoint, covering the stream up to and
+// including sequence seq, holding the candidates of every Replay of rs
+// (whose candidates are disjoint).
 func appendCheckpoint(dst []byte, seq uint64, rs ...*Replay) []byte {
 	dst = append(dst, checkpointMagic...)
 	dst = append(dst, checkpointVersion)
@@ -117,8 +112,8 @@ type CheckpointInfo struct {
 	Restored   int    // of them, the ones restored (same name and revision as a current candidate)
 }
 
-// Restore loads the state of a checkpoint written by [Replay.AppendCheckpoint]
-// into r's current candidates: a candidate in the checkpoint with the name
+// Restore loads the state of a checkpoint (as the evaluator writes to its
+// checkpoint bucket) into r's current candidates: a candidate in the checkpoint with the name
 // and revision of a current candidate replaces that candidate's counts and
 // state; the others are ignored, and current candidates absent from the
 // checkpoint keep theirs. Call it after SetCandidates. On an error

@@ -17,7 +17,7 @@ func FuzzRestore(f *testing.F) {
 		x := rec(desc(f, "tenant", "acme", "operation", "search"), i*300_000, 1, i%2 == 0)
 		r.Apply(&x)
 	}
-	f.Add(r.AppendCheckpoint(nil, 3))
+	f.Add(appendCheckpoint(nil, 3, r))
 	f.Add([]byte("LMSC\x01\x00\x00"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -31,7 +31,7 @@ func FuzzRestore(f *testing.F) {
 		}
 		m := NewReplay(Options{})
 		m.SetCandidates([]*policyT{p})
-		if _, err := m.Restore(n.AppendCheckpoint(nil, 1)); err != nil {
+		if _, err := m.Restore(appendCheckpoint(nil, 1, n)); err != nil {
 			t.Fatalf("re-encoded checkpoint: %v", err)
 		}
 		x := rec(desc(t, "tenant", "acme", "operation", "search"), 0, 1, true)

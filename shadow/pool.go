@@ -142,8 +142,8 @@ func (p *pool) summaries() []Summary {
 	return out
 }
 
-// appendCheckpoint appends the checkpoint of all the candidates (see
-// [Replay.AppendCheckpoint]) and returns their summaries as of it.
+// appendCheckpoint appends the checkpoint of all the candidates (the
+// workers' Replays in one) and returns their summaries as of it.
 func (p *pool) appendCheckpoint(dst []byte, seq uint64) ([]byte, []Summary) {
 	var sums []Summary
 	p.paused(func() {

@@ -55,7 +55,7 @@ func TestPoolAgreesWithReplay(t *testing.T) {
 		q := newPool(3, opt)
 		defer q.stop()
 		q.setCandidates(candidatesOf(one))
-		if _, err := q.restore(one.AppendCheckpoint(nil, 9)); err != nil {
+		if _, err := q.restore(appendCheckpoint(nil, 9, one)); err != nil {
 			t.Fatal(err)
 		}
 		if !reflect.DeepEqual(q.summaries(), one.Summaries()) {

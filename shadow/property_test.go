@@ -238,7 +238,7 @@ func TestCheckpointResumes(t *testing.T) {
 				first.Apply(&recs[i])
 			}
 		}
-		b := first.AppendCheckpoint(nil, uint64(cut)+41)
+		b := appendCheckpoint(nil, uint64(cut)+41, first)
 		second := NewReplay(opt)
 		second.SetCandidates(cands)
 		info, err := second.Restore(b)
@@ -257,7 +257,7 @@ func TestCheckpointResumes(t *testing.T) {
 		// A checkpoint of the restored Replay restores it again, equal.
 		again := NewReplay(opt)
 		again.SetCandidates(cands)
-		if _, err := again.Restore(second.AppendCheckpoint(nil, 1)); err != nil {
+		if _, err := again.Restore(appendCheckpoint(nil, 1, second)); err != nil {
 			t.Fatal(err)
 		}
 		if !reflect.DeepEqual(again.Summaries(), second.Summaries()) {
@@ -275,7 +275,7 @@ func TestRestoreOnlyMatchingRevisions(t *testing.T) {
 	r.SetCandidates([]*policyT{a, b})
 	x := rec(desc(t, "tenant", "acme", "operation", "search"), 0, 1, true)
 	r.Apply(&x)
-	ck := r.AppendCheckpoint(nil, 9)
+	ck := appendCheckpoint(nil, 9, r)
 
 	next := NewReplay(Options{})
 	next.SetCandidates([]*policyT{mustPolicy(t, "a", 2, acmeV2), mustPolicy(t, "c", 1, acmeV2)})
@@ -301,7 +301,7 @@ func TestRestoreRejectsCorrupt(t *testing.T) {
 		x := rec(desc(t, "tenant", "acme", "operation", "search", "user", fmt.Sprint(i%4)), i*100_000, 1, i%3 != 0)
 		r.Apply(&x)
 	}
-	ck := r.AppendCheckpoint(nil, 5)
+	ck := appendCheckpoint(nil, 5, r)
 	fresh := func() *Replay {
 		n := NewReplay(Options{})
 		n.SetCandidates([]*policyT{p})

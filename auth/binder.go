@@ -39,8 +39,9 @@ type BinderConfig struct {
 }
 
 // Binder binds a decide request to the tenant of the account that sent it
-// (CONTRACT.md §9). The node calls [Binder.Bind] with the values of the
-// request's Nats-Request-Info header and the descriptor's `tenant`. A nil
+// (CONTRACT.md §9). The node calls [Binder.Caller] with the values of the
+// request's Nats-Request-Info header, then [BindTenant] with the caller and
+// the descriptor's `tenant`. A nil
 // *Binder is an unsecured node's: it trusts no header and binds nothing.
 //
 // An account's tenant is the name in its JWT, fetched once with the
@@ -97,33 +98,16 @@ func NewBinder(cfg BinderConfig) (*Binder, error) {
 	return b, nil
 }
 
-// Bind returns the tenant a decide request is decided for. infos are the
-// values of the request's Nats-Request-Info header
-// (headers[RequestInfoHeader], nil without one); tenant is the value of
-// the descriptor's `tenant` dimension, "" without one. The rules
-// (CONTRACT.md §9), by caller:
+// BindTenant returns the tenant a decide request is decided for, given
+// its caller (from [Binder.Caller]) and tenant, the value of the
+// descriptor's `tenant` dimension ("" without one). The rules (CONTRACT.md
+// §9), by caller:
 //
-//   - a nil Binder (unsecured node): tenant, whatever the header says;
-//   - no header (the request did not cross an import, so it was sent in
-//     the nodes' own account) or the LIMITER account: tenant (trusted);
+//   - "" (a trusted caller: see [Binder.Caller]): tenant;
 //   - a tenant account T: T when tenant is "" or T; otherwise an error
 //     wrapping [ErrForbidden].
 //
-// A header repeated, unreadable, or naming an account that is not a tenant
-// is refused with [ErrForbidden]; an account whose JWT cannot be fetched
-// gives [ErrLookup]. The result is tenant or the cached tenant name: Bind
-// allocates only when it fails or on an account's first request.
-func (b *Binder) Bind(infos []string, tenant string) (string, error) {
-	caller, err := b.Caller(infos)
-	if err != nil {
-		return "", err
-	}
-	return BindTenant(caller, tenant)
-}
-
-// BindTenant is [Binder.Bind]'s rule once the caller is known: caller ""
-// (trusted) keeps tenant; otherwise tenant "" or caller gives caller, and
-// any other tenant an error wrapping [ErrForbidden].
+// It allocates only when it fails.
 func BindTenant(caller, tenant string) (string, error) {
 	switch {
 	case caller == "":
@@ -135,8 +119,16 @@ func BindTenant(caller, tenant string) (string, error) {
 }
 
 // Caller returns the tenant of the account that sent a request whose
-// Nats-Request-Info header has the values infos: "" for a trusted caller
-// (nil Binder, no header, or LIMITER). Errors as [Binder.Bind].
+// Nats-Request-Info header has the values infos (headers[RequestInfoHeader],
+// nil without one), or "" for a trusted caller: a nil Binder (an unsecured
+// node, whatever the header says), no header (the request did not cross
+// an import, so it was sent in the nodes' own account), or the LIMITER
+// account.
+//
+// A header repeated, unreadable, or naming an account that is not a tenant
+// is refused with [ErrForbidden]; an account whose JWT cannot be fetched
+// gives [ErrLookup]. The result is the remembered tenant name: Caller
+// allocates only when it fails or on an account's first request.
 func (b *Binder) Caller(infos []string) (string, error) {
 	if b == nil || len(infos) == 0 {
 		return "", nil

@@ -119,7 +119,7 @@ func TestBindRules(t *testing.T) {
 		{"another account's JWT", f.b, info(swappedPub), "", "", ErrForbidden},
 	}
 	for _, c := range cases {
-		got, err := c.b.Bind(c.infos, c.tenant)
+		got, err := bind(c.b, c.infos, c.tenant)
 		if got != c.want || !errors.Is(err, c.err) || (c.err == nil) != (err == nil) {
 			t.Errorf("%s: Bind(%q, %q) = %q, %v; want %q, %v", c.name, c.infos, c.tenant, got, err, c.want, c.err)
 		}
@@ -131,7 +131,7 @@ func TestBindRules(t *testing.T) {
 		}
 	}
 	for _, again := range []string{acme, foreign, spaced} {
-		_, _ = f.b.Bind(info(again), "")
+		_, _ = bind(f.b, info(again), "")
 		if f.lookups[again] != 1 {
 			t.Errorf("account %s looked up again (%d)", again, f.lookups[again])
 		}
@@ -182,7 +182,7 @@ func TestBindLookupFailure(t *testing.T) {
 			f.fail = nil
 		}
 		f.mu.Unlock()
-		got, err := f.b.Bind(info(acme), "")
+		got, err := bind(f.b, info(acme), "")
 		if got != s.want || !errors.Is(err, s.err) || (s.err == nil) != (err == nil) || f.lookups[acme] != s.lookups {
 			t.Errorf("step %d: Bind = %q, %v after %d lookups; want %q, %v after %d", i, got, err, f.lookups[acme], s.want, s.err, s.lookups)
 		}
@@ -198,7 +198,7 @@ func TestBindBounded(t *testing.T) {
 	}
 	for round := 0; round < 3; round++ {
 		for _, n := range names {
-			if got, err := f.b.Bind(info(f.accounts[n]), ""); got != n || err != nil {
+			if got, err := bind(f.b, info(f.accounts[n]), ""); got != n || err != nil {
 				t.Fatalf("Bind for %s = %q, %v", n, got, err)
 			}
 			if l := len(*f.b.known.Load()); l > 3 {
@@ -214,15 +214,15 @@ func TestBindNoAllocation(t *testing.T) {
 	f := newFixture(t, 0)
 	acme := f.account(f.op, "acme", nil)
 	in := info(acme)
-	if _, err := f.b.Bind(in, ""); err != nil {
+	if _, err := bind(f.b, in, ""); err != nil {
 		t.Fatal(err)
 	}
 	for _, tenant := range []string{"", "acme"} {
-		if n := testing.AllocsPerRun(100, func() { _, _ = f.b.Bind(in, tenant) }); n != 0 {
+		if n := testing.AllocsPerRun(100, func() { _, _ = bind(f.b, in, tenant) }); n != 0 {
 			t.Errorf("Bind(acme, %q) allocates %v times", tenant, n)
 		}
 	}
-	if n := testing.AllocsPerRun(100, func() { _, _ = f.b.Bind(info(f.limiter), "x") }); n > 1 { // info() allocates one
+	if n := testing.AllocsPerRun(100, func() { _, _ = bind(f.b, info(f.limiter), "x") }); n > 1 { // info() allocates one
 		t.Errorf("Bind(LIMITER) allocates %v times", n)
 	}
 }
@@ -241,7 +241,7 @@ func TestBindConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := 0; i < 100; i++ {
 				n := names[(g+i)%len(names)]
-				if got, err := f.b.Bind(info(f.accounts[n]), ""); got != n || err != nil {
+				if got, err := bind(f.b, info(f.accounts[n]), ""); got != n || err != nil {
 					t.Errorf("Bind for %s = %q, %v", n, got, err)
 					return
 				}
@@ -262,8 +262,17 @@ func BenchmarkBind(b *testing.B) {
 	in := info(acme)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := f.b.Bind(in, "acme"); err != nil {
+		if _, err := bind(f.b, in, "acme"); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// bind binds a request as the node does: its caller, then the tenant.
+func bind(b *Binder, infos []string, tenant string) (string, error) {
+	caller, err := b.Caller(infos)
+	if err != nil {
+		return "", err
+	}
+	return BindTenant(caller, tenant)
 }

@@ -2,8 +2,8 @@ package auth
 
 import "errors"
 
-// ErrForbidden is returned, wrapped with the reason, by [Binder.Bind] and
-// [Binder.Caller] when a request may not be decided as it stands: a tenant
+// ErrForbidden is returned, wrapped with the reason, by [Binder.Caller] and
+// [BindTenant] when a request may not be decided as it stands: a tenant
 // account's descriptor names another tenant, or the caller's identity
 // cannot be established (an unreadable or repeated Nats-Request-Info
 // header, an account whose JWT is not signed by a trusted operator key or
@@ -11,8 +11,7 @@ import "errors"
 // `forbidden` (CONTRACT.md §9).
 var ErrForbidden = errors.New("auth: forbidden")
 
-// ErrLookup is returned, wrapped with the cause, by [Binder.Bind] and
-// [Binder.Caller] when the calling account's JWT could not be fetched
+// ErrLookup is returned, wrapped with the cause, by [Binder.Caller] when the calling account's JWT could not be fetched
 // (timeout, no resolver answer). Trying again later may succeed; the node
 // answers it as unavailable (503).
 var ErrLookup = errors.New("auth: account lookup failed")

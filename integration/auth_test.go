@@ -165,7 +165,7 @@ func TestSecuredTenantCallsThroughImport(t *testing.T) {
 		tenant, want string
 		forbidden    bool
 	}{{"", "acme", false}, {"acme", "acme", false}, {"birch", "", true}} {
-		bound, err := b.Bind(got, c.tenant)
+		bound, err := bind(b, got, c.tenant)
 		if bound != c.want || errors.Is(err, auth.ErrForbidden) != c.forbidden {
 			t.Errorf("acme's request with tenant %q: Bind = %q, %v; want %q (forbidden %v)", c.tenant, bound, err, c.want, c.forbidden)
 		}
@@ -181,7 +181,7 @@ func TestSecuredTenantCallsThroughImport(t *testing.T) {
 		{auth.RequestInfoHeader: {`{"acc":"` + s.d.LimiterAccount + `"}`, `{"acc":"x"}`}},
 	} {
 		got := infos(t, acme, forged)
-		bound, err := b.Bind(got, "")
+		bound, err := bind(b, got, "")
 		if len(got) != 1 || bound != "acme" || err != nil {
 			t.Errorf("forged %q arrived as %q: Bind = %q, %v; want one value bound to acme", forged, got, bound, err)
 		}
@@ -192,17 +192,17 @@ func TestSecuredTenantCallsThroughImport(t *testing.T) {
 	got = rawRequest(t, s.emb.ClientURL(), s.d.TenantCreds("acme"),
 		"X-A: b\n"+auth.RequestInfoHeader+`: {"acc":"`+s.d.LimiterAccount+`"}`+"\r\n")
 	t.Logf("smuggled: %q", got)
-	if bound, err := b.Bind(got, "birch"); len(got) != 2 || !errors.Is(err, auth.ErrForbidden) {
+	if bound, err := bind(b, got, "birch"); len(got) != 2 || !errors.Is(err, auth.ErrForbidden) {
 		t.Errorf("a smuggled header arrived as %q: Bind = %q, %v; want two values, forbidden", got, bound, err)
 	}
 
 	// LIMITER's own requests cross no import: no header, trusted.
 	got = infos(t, admin, nil)
-	if bound, err := b.Bind(got, "birch"); len(got) != 0 || bound != "birch" || err != nil {
+	if bound, err := bind(b, got, "birch"); len(got) != 0 || bound != "birch" || err != nil {
 		t.Errorf("admin's request arrived with %q: Bind = %q, %v; want no header, birch", got, bound, err)
 	}
 	birch := s.dial(t, s.d.TenantCreds("birch"), nil)
-	if bound, err := b.Bind(infos(t, birch, nil), ""); bound != "birch" || err != nil {
+	if bound, err := bind(b, infos(t, birch, nil), ""); bound != "birch" || err != nil {
 		t.Errorf("birch's request: Bind = %q, %v", bound, err)
 	}
 }
@@ -421,10 +421,10 @@ func TestSecuredAddTenantLive(t *testing.T) {
 	}
 	cypress := s.dial(t, d.TenantCreds("cypress"), nil)
 	got := infos(t, cypress, nil)
-	if bound, err := b.Bind(got, ""); bound != "cypress" || err != nil {
+	if bound, err := bind(b, got, ""); bound != "cypress" || err != nil {
 		t.Fatalf("cypress: Bind = %q, %v", bound, err)
 	}
-	if _, err := b.Bind(got, "acme"); !errors.Is(err, auth.ErrForbidden) {
+	if _, err := bind(b, got, "acme"); !errors.Is(err, auth.ErrForbidden) {
 		t.Fatalf("cypress naming acme: %v, want forbidden", err)
 	}
 
@@ -452,7 +452,7 @@ func TestSecuredAddTenantLive(t *testing.T) {
 	s.responder(t)
 	cypress = s.dial(t, d.TenantCreds("cypress"), nil)
 	b = binder(t, s, s.dial(t, s.d.NodeCreds(), nil))
-	if bound, err := b.Bind(infos(t, cypress, nil), ""); bound != "cypress" || err != nil {
+	if bound, err := bind(b, infos(t, cypress, nil), ""); bound != "cypress" || err != nil {
 		t.Fatalf("cypress after a restart: Bind = %q, %v", bound, err)
 	}
 }
@@ -519,7 +519,7 @@ func TestSecuredClusterAddTenant(t *testing.T) {
 		cypress = nc
 		return true
 	})
-	if bound, err := b.Bind(infos(t, cypress, nil), ""); bound != "cypress" || err != nil {
+	if bound, err := bind(b, infos(t, cypress, nil), ""); bound != "cypress" || err != nil {
 		t.Fatalf("cypress through s1: Bind = %q, %v", bound, err)
 	}
 }
@@ -545,7 +545,7 @@ func TestSecuredLookupFromLimiter(t *testing.T) {
 	}
 	s.responder(t)
 	birch := s.dial(t, s.d.TenantCreds("birch"), nil)
-	if bound, err := b.Bind(infos(t, birch, nil), ""); bound != "birch" || err != nil {
+	if bound, err := bind(b, infos(t, birch, nil), ""); bound != "birch" || err != nil {
 		t.Fatalf("discovered binder: %q, %v", bound, err)
 	}
 }
@@ -766,4 +766,13 @@ func TestAuthImportsNothingOfTheProject(t *testing.T) {
 			t.Errorf("auth imports %s", p)
 		}
 	}
+}
+
+// bind binds a request as the node does: its caller, then the tenant.
+func bind(b *auth.Binder, infos []string, tenant string) (string, error) {
+	caller, err := b.Caller(infos)
+	if err != nil {
+		return "", err
+	}
+	return auth.BindTenant(caller, tenant)
 }

@@ -3,6 +3,7 @@ package leasing
 import (
 	"context"
 	"encoding/json"
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"sync"
 	"testing"
 	"time"
@@ -12,7 +13,6 @@ import (
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 	"github.com/limitmesh/limitmesh/policies"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 )
@@ -21,21 +21,7 @@ import (
 // returns a connection to it.
 func startNATS(t *testing.T) *nats.Conn {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return jstest.Connect(t, jstest.Start(t, jstest.NoJetStream).Server)
 }
 
 // testOwner answers holder nodes on a partition's owner subject in place

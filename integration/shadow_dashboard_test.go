@@ -188,7 +188,7 @@ func saveScreenshot(t *testing.T, png []byte) {
 // Content-Security-Policy violation is a log entry of level error).
 func noPageProblems(t *testing.T, page *browserPage) {
 	t.Helper()
-	if p := page.cdp.problems(); len(p) > 0 {
+	if p := page.pageProblems(); len(p) > 0 {
 		t.Fatalf("the page reported %d problems, the first:\n%s", len(p), strings.Join(p[:min(len(p), 3)], "\n"))
 	}
 }

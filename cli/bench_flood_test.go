@@ -4,8 +4,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/limitmesh/limitmesh/policies"
 )
 
 // TestBenchFlood runs bench with a flood of 20 times a 1/s key next to the
@@ -40,42 +38,6 @@ func TestBenchFlood(t *testing.T) {
 	}
 }
 
-// TestBenchFloodConfig: the flood's rate is F times its key's rate, its
-// policy parses, and bad flood flags are refused.
-func TestBenchFloodConfig(t *testing.T) {
-	for _, tc := range []struct {
-		f    floodConfig
-		want float64
-	}{
-		{floodConfig{factor: 10, rate: "1000/s", burst: "100"}, 10000},
-		{floodConfig{factor: 2.5, rate: "60/m", burst: "1"}, 2.5},
-		{floodConfig{factor: 10, rate: "36/h", burst: "1"}, 0.1},
-	} {
-		got, err := tc.f.perSecond()
-		if err != nil || got < tc.want*0.999999 || got > tc.want*1.000001 {
-			t.Errorf("%+v: %v/s, %v; want %v/s", tc.f, got, err, tc.want)
-		}
-		p, err := policies.Parse("bench-flood-r", tc.f.policyDoc("r", "async"))
-		if err != nil || p.Mode != policies.ModeAsync || len(p.Match) != 2 {
-			t.Errorf("%+v: policy %+v, %v", tc.f, p, err)
-		}
-	}
-	for _, args := range [][]string{
-		{"--flood", "-1"},
-		{"--flood", "10", "--flood-rate", "fast"},
-		{"--flood", "10", "--flood-burst", "0"},
-		{"--max-keys", "-5"},
-	} {
-		code, _, errOut := run(t, nil, append([]string{"bench"}, args...)...)
-		if code != 2 || errOut == "" {
-			t.Errorf("bench %v: exit %d, stderr %q; want 2 and a message", args, code, errOut)
-		}
-	}
-	if maxKeysJSON(0) != "" || maxKeysJSON(100000) != `,"max_keys":100000` {
-		t.Errorf("maxKeysJSON: %q %q", maxKeysJSON(0), maxKeysJSON(100000))
-	}
-}
-
 // TestBenchMaxKeys: with --max-keys 5 on one node, 50 keys are admitted
 // as at most 6 (5 live keys and the policy's overflow key): at most
 // 6 × (burst + rate × the run).
@@ -90,5 +52,21 @@ func TestBenchMaxKeys(t *testing.T) {
 	checkRun(t, m)
 	if admitted, allowed := num(t, m, "admitted"), 6*(2+wall.Seconds()); admitted > allowed {
 		t.Errorf("admitted %v on 50 keys with max_keys 5 within %s, more than 6 keys' worth (%.1f)", admitted, wall, allowed)
+	}
+}
+
+// TestBenchFloodFlags: bad flood flags and a negative --max-keys are usage
+// errors.
+func TestBenchFloodFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--flood", "-1"},
+		{"--flood", "10", "--flood-rate", "fast"},
+		{"--flood", "10", "--flood-burst", "0"},
+		{"--max-keys", "-5"},
+	} {
+		code, _, errOut := run(t, nil, append([]string{"bench"}, args...)...)
+		if code != 2 || errOut == "" {
+			t.Errorf("bench %v: exit %d, stderr %q; want 2 and a message", args, code, errOut)
+		}
 	}
 }

@@ -3,274 +3,53 @@ package cli
 import (
 	"fmt"
 	"io"
-	"math"
-	"math/bits"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/limitmesh/limitmesh/cli/internal/bench"
 	"github.com/limitmesh/limitmesh/kvstate"
 )
 
-// latencyHist is a log-linear histogram of durations in ns: values below
-// 256 have a bucket each; above, every power of two is split into 128
-// buckets, so a bucket's width is under 1/128 (0.8%) of its values. It is
-// not safe for concurrent use: each worker records into its own, and the
-// phase merges them.
-type latencyHist struct {
-	counts [histBuckets]uint64
-	n      uint64
-	max    int64
-}
+// The output of `limitmesh bench`: the human-readable report of a run,
+// and the verdict its figures give (the exit code). The --json line is the
+// report itself (bench.Report, bench.RLSReport).
 
-const (
-	histExact   = 256 // values 0..255 are exact
-	histSub     = 128 // buckets per power of two above
-	histBuckets = histExact + (63-8)*histSub
-)
-
-// histIndex is the bucket of v (negative values count as 0).
-func histIndex(v int64) int {
-	if v < histExact {
-		return int(max(v, 0))
-	}
-	shift := bits.Len64(uint64(v)) - 8 // >= 1
-	m := int(uint64(v) >> shift)       // 128..255
-	return histExact + (shift-1)*histSub + m - histSub
-}
-
-// histUpper is the largest value in bucket i.
-func histUpper(i int) int64 {
-	if i < histExact {
-		return int64(i)
-	}
-	shift := (i-histExact)/histSub + 1
-	m := uint64((i-histExact)%histSub + histSub)
-	return int64((m+1)<<shift - 1)
-}
-
-func (h *latencyHist) record(v int64) {
-	h.counts[histIndex(v)]++
-	h.n++
-	h.max = max(h.max, v)
-}
-
-func (h *latencyHist) merge(o *latencyHist) {
-	for i, c := range o.counts {
-		h.counts[i] += c
-	}
-	h.n += o.n
-	h.max = max(h.max, o.max)
-}
-
-// quantile returns the value at quantile q (0 < q <= 1): the upper edge of
-// the bucket holding the ceil(q*n)-th smallest value, at most the largest
-// value recorded; 0 when empty. It is never below the true value and
-// exceeds it by under 0.8%.
-func (h *latencyHist) quantile(q float64) int64 {
-	if h.n == 0 {
-		return 0
-	}
-	rank := uint64(math.Ceil(q * float64(h.n)))
-	rank = min(max(rank, 1), h.n)
-	var cum uint64
-	for i, c := range h.counts {
-		cum += c
-		if cum >= rank {
-			return min(histUpper(i), h.max)
-		}
-	}
-	return h.max
-}
-
-// overshoot returns the cost admitted beyond burst + rate*span summed over
-// keys (micro-units) and the number of keys with any.
-func overshoot(l kvstate.Limit, tally []keyTally) (micro int64, keys int) {
-	for i := range tally {
-		t := &tally[i]
-		a := t.admitted.Load()
-		if a == 0 {
-			continue
-		}
-		if over := a - allowance(l, t.last.Load()-t.first.Load()); over > 0 {
-			micro += over
-			keys++
-		}
-	}
-	return micro, keys
-}
-
-// allowance is burst + rate*span for a token_bucket limit (micro-units,
-// span in ns), the product rounded up, saturating at MaxInt64. A rate is
-// l.Rate micro-units per l.RatePer ns (0: per second).
-func allowance(l kvstate.Limit, span int64) int64 {
-	span = max(span, 0)
-	per := uint64(l.RatePer)
-	if per == 0 {
-		per = uint64(kvstate.Second)
-	}
-	hi, lo := bits.Mul64(uint64(l.Rate), uint64(span))
-	if hi >= per {
-		return math.MaxInt64
-	}
-	q, r := bits.Div64(hi, lo, per)
-	if r > 0 {
-		q++
-	}
-	if q > math.MaxInt64-uint64(l.Burst) {
-		return math.MaxInt64
-	}
-	return l.Burst + int64(q)
-}
-
-// benchReport is the result of a run; its JSON form is the --json line.
-type benchReport struct {
-	Mode           string  `json:"mode"`
-	Keys           int     `json:"keys"`
-	Zipf           float64 `json:"zipf"`
-	Concurrency    int     `json:"concurrency"`
-	Conns          int     `json:"conns"`
-	Cost           string  `json:"cost"`
-	Rate           string  `json:"rate"`
-	Burst          string  `json:"burst"`
-	DurationS      float64 `json:"duration_s"`
-	EchoDurationS  float64 `json:"echo_duration_s"`
-	Rounds         int     `json:"rounds"`
-	Decisions      int64   `json:"decisions"`
-	DecisionsPerS  float64 `json:"decisions_per_sec"`
-	EchoRequests   int64   `json:"echo_requests"`
-	EchoPerS       float64 `json:"echo_per_sec"`
-	Ratio          float64 `json:"ratio"`
-	P50ms          float64 `json:"p50_ms"`
-	P99ms          float64 `json:"p99_ms"`
-	P999ms         float64 `json:"p999_ms"`
-	EchoP50ms      float64 `json:"echo_p50_ms"`
-	EchoP99ms      float64 `json:"echo_p99_ms"`
-	EchoP999ms     float64 `json:"echo_p999_ms"`
-	Admitted       int64   `json:"admitted"`
-	Denied         int64   `json:"denied"`
-	Errors         int64   `json:"errors"`
-	Timeouts       int64   `json:"timeouts"`
-	Unavailable    int64   `json:"unavailable"`
-	Unmatched      int64   `json:"unmatched"`
-	EchoErrors     int64   `json:"echo_errors"`
-	KeysAdmitted   int     `json:"keys_admitted"`
-	Overshoot      float64 `json:"overshoot"`
-	OvershootKeys  int     `json:"overshoot_keys"`
-	OvershootMicro int64   `json:"-"`
-	// Shadow is set with --candidates (bench_shadow.go).
-	Shadow *benchShadowReport `json:"shadow,omitempty"`
-	// The ledger's lag at the end of the run (bench_usage.go); null when
-	// it was not measured.
-	UsageLagMs   *float64 `json:"usage_lag_ms"`
-	UsagePending *uint64  `json:"usage_pending"`
-	usageNote    string
-	// The usage stream's bytes per decision in the decide phase and the
-	// hours its limits hold at that rate (bench_usage.go); null when not
-	// measured.
-	UsageBytesPerDecision *float64 `json:"usage_bytes_per_decision"`
-	UsageRetentionHours   *float64 `json:"usage_retention_hours"`
-	usageCost             *usageStreamCost
-	// This process's CPU time per reply in each phase (bench_cpu.go); in
-	// the reserve modes per operation and per echo operation (two round
-	// trips), with cpu_us_per_pair beside them (bench_reserve.go).
-	CPUPerDecisionUs    float64 `json:"cpu_us_per_decision"`
-	EchoCPUPerRequestUs float64 `json:"echo_cpu_us_per_request"`
-	// This process's peak resident memory when the report was made, MB
-	// (bench_mem.go); null where it cannot be read.
-	RSSPeakMB *float64 `json:"rss_peak_mb"`
-	// Flood is the --flood load's figures (bench_flood.go); absent
-	// without one.
-	Flood *floodReport `json:"flood,omitempty"`
-	// Leased mode (CONTRACT §8): the summed overshoot bound of the keys
-	// with admissions (max_outstanding each), admitted / the contract's
-	// capacity over the run (burst + rate × span of those keys), and the
-	// fraction of decisions the holders made locally; the holders,
-	// regions and shift of the run.
-	Bound         *float64 `json:"bound,omitempty"`
-	Utilization   *float64 `json:"utilization,omitempty"`
-	LocalFraction *float64 `json:"local_fraction,omitempty"`
-	Holders       int      `json:"holders,omitempty"`
-	Regions       int      `json:"regions,omitempty"`
-	ShiftS        float64  `json:"shift_s,omitempty"`
-	// The reserve modes' figures (bench_reserve_check.go); nil otherwise.
-	*resReport
-}
-
-func (r *benchRun) report(echo, decide *phaseResult, tally []keyTally) *benchReport {
-	c := r.c
-	ms := func(ns int64) float64 { return math.Round(float64(ns)/1e3) / 1e3 }
-	rep := &benchReport{
-		Mode: c.mode, Keys: c.keys, Zipf: c.zipf, Concurrency: c.concurrency, Conns: c.conns,
-		Cost: c.cost, Rate: c.rate, Burst: c.burst,
-		DurationS:     math.Round(decide.elapsed.Seconds()*1e3) / 1e3,
-		EchoDurationS: math.Round(echo.elapsed.Seconds()*1e3) / 1e3,
-		Rounds:        c.rounds,
-		Decisions:     decide.replies,
-		DecisionsPerS: math.Round(decide.perSec()),
-		EchoRequests:  echo.replies,
-		EchoPerS:      math.Round(echo.perSec()),
-		P50ms:         ms(decide.hist.quantile(0.5)),
-		P99ms:         ms(decide.hist.quantile(0.99)),
-		P999ms:        ms(decide.hist.quantile(0.999)),
-		EchoP50ms:     ms(echo.hist.quantile(0.5)),
-		EchoP99ms:     ms(echo.hist.quantile(0.99)),
-		EchoP999ms:    ms(echo.hist.quantile(0.999)),
-		Admitted:      decide.admitted,
-		Denied:        decide.denied,
-		Errors:        decide.errors,
-		Timeouts:      decide.timeouts,
-		Unavailable:   decide.unavail,
-		Unmatched:     decide.unmatch,
-		EchoErrors:    echo.errors,
-	}
-	if echo.perSec() > 0 {
-		rep.Ratio = math.Round(decide.perSec()/echo.perSec()*1e4) / 1e4
-	}
-	for i := range tally {
-		if tally[i].admitted.Load() > 0 {
-			rep.KeysAdmitted++
-		}
-	}
-	rep.OvershootMicro, rep.OvershootKeys = overshoot(r.plan.limit, tally)
-	rep.Overshoot = float64(rep.OvershootMicro) / float64(kvstate.Unit)
-	return rep
-}
-
-// print writes the human-readable report.
-func (rep *benchReport) print(w io.Writer, c *benchConfig, plan *benchPlan) {
-	keys := fmt.Sprintf("%d keys (zipf %g)", c.keys, c.zipf)
+// printReport writes the human-readable report of a run over NATS.
+func printReport(w io.Writer, c *bench.Config, rep *bench.Report, external bool) {
+	keys := fmt.Sprintf("%d keys (zipf %g)", c.Keys, c.Zipf)
 	switch {
-	case c.keys == 1:
+	case c.Keys == 1:
 		keys = "1 hot key"
-	case c.zipf == 0:
-		keys = fmt.Sprintf("%d keys (uniform)", c.keys)
+	case c.Zipf == 0:
+		keys = fmt.Sprintf("%d keys (uniform)", c.Keys)
 	}
-	cost := c.cost
-	if c.res.randomCost {
-		cost = "random up to " + c.cost
+	cost := c.Cost
+	if c.Reserve.RandomCost {
+		cost = "random up to " + c.Cost
 	}
 	fmt.Fprintf(w, "limitmesh bench: mode %s, %s, %d in flight over %d connections, cost %s\n",
-		c.mode, keys, c.concurrency, c.conns, cost)
+		c.Mode, keys, c.Concurrency, c.Conns, cost)
 	// The measured operation, as the table and the ratio name it.
 	op, end := "decide", "settle"
-	switch c.mode {
-	case "reserve":
+	switch c.Mode {
+	case bench.Reserve:
 		op = "reserve+settle"
 		fmt.Fprintf(w, "policy %s: token_bucket %s, burst %s per key; reservations of ttl %v, each settled at a random part of its cost\n",
-			plan.policyName, c.rate, c.burst, c.res.ttl)
-	case "concurrency":
+			rep.Policy, c.Rate, c.Burst, c.Reserve.TTL)
+	case bench.Concurrency:
 		op, end = "acquire+release", "release"
 		fmt.Fprintf(w, "policy %s: concurrency %s per key; slots of ttl %v, each held up to %v\n",
-			plan.policyName, c.res.slotsFor(c), c.res.ttl, c.res.hold)
+			rep.Policy, c.Slots(), c.Reserve.TTL, c.Reserve.Hold)
 	default:
-		fmt.Fprintf(w, "policy %s: token_bucket %s, burst %s per key\n", plan.policyName, c.rate, c.burst)
+		fmt.Fprintf(w, "policy %s: token_bucket %s, burst %s per key\n", rep.Policy, c.Rate, c.Burst)
 	}
 	if rep.Rounds == 1 {
 		fmt.Fprintf(w, "echo %.1fs, then %s %.1fs\n\n", rep.EchoDurationS, op, rep.DurationS)
 	} else {
 		fmt.Fprintf(w, "echo %.1fs and %s %.1fs, interleaved in %d rounds\n\n", rep.EchoDurationS, op, rep.DurationS, rep.Rounds)
 	}
-	if rep.resReport != nil {
+	if rep.ResReport != nil {
 		fmt.Fprintf(w, "(an operation: a reserve and its %s, or a denied reserve; echo: the same two round trips against raw NATS)\n", end)
 	}
 	lw := max(14, len(op))
@@ -287,25 +66,32 @@ func (rep *benchReport) print(w io.Writer, c *benchConfig, plan *benchPlan) {
 	fmt.Fprintf(w, "admitted %d, denied %d (errors: %d timeouts, %d unavailable, %d unmatched, %d other)\n",
 		rep.Admitted, rep.Denied, rep.Timeouts, rep.Unavailable, rep.Unmatched,
 		rep.Errors-rep.Timeouts-rep.Unavailable-rep.Unmatched)
-	switch c.mode {
-	case "reserve":
+	switch c.Mode {
+	case bench.Reserve:
 		fmt.Fprintf(w, "overshoot: %s units on %d of %d keys with admissions (allowed: burst + rate x span per key, of the settled units)\n",
 			formatUnits(rep.OvershootMicro), rep.OvershootKeys, rep.KeysAdmitted)
-	case "concurrency":
+	case bench.Concurrency:
 		fmt.Fprintf(w, "overshoot: %s units on %d of %d keys with admissions (allowed: %s units held at once per key)\n",
-			formatUnits(rep.OvershootMicro), rep.OvershootKeys, rep.KeysAdmitted, c.res.slotsFor(c))
+			formatUnits(rep.OvershootMicro), rep.OvershootKeys, rep.KeysAdmitted, c.Slots())
 	default:
 		fmt.Fprintf(w, "overshoot: %s units on %d of %d keys with admissions (allowed: burst + rate x span per key)\n",
 			formatUnits(rep.OvershootMicro), rep.OvershootKeys, rep.KeysAdmitted)
 	}
-	rep.printUsageLag(w)
-	rep.printUsageBytes(w, c)
-	if rep.resReport != nil {
-		rep.printReserve(w, c)
+	printUsageLag(w, rep)
+	printUsageBytes(w, rep)
+	if rep.ResReport != nil {
+		printReserve(w, c, rep, external)
 	} else {
-		rep.printCPU(w, c)
+		printCPU(w, rep, external)
 	}
-	rep.printMemory(w, c)
+	printMemory(w, rep, external)
+	if c.Mode == bench.Leased {
+		fmt.Fprintf(w, "leased: %d holders, %d region(s), shift %v: utilization %.4f, local fraction %.4f, bound %s units (max_outstanding %s × %d keys)\n",
+			c.Holders, rep.Regions, c.Shift, *rep.Utilization, *rep.LocalFraction, formatUnits(int64(*rep.Bound*float64(kvstate.Unit))),
+			formatUnits(rep.Lease.MaxOutstanding), rep.KeysAdmitted)
+	}
+	printShadow(w, rep.Shadow)
+	printFlood(w, rep.Flood)
 }
 
 // formatUnits formats micro-units as a decimal number of units.
@@ -315,4 +101,222 @@ func formatUnits(micro int64) string {
 		s += strings.TrimRight(fmt.Sprintf(".%06d", f), "0")
 	}
 	return s
+}
+
+// printCPU writes the report's CPU line.
+func printCPU(w io.Writer, rep *bench.Report, external bool) {
+	if rep.CPUPerDecisionUs == 0 && rep.EchoCPUPerRequestUs == 0 {
+		return // not measured (leased mode)
+	}
+	who := "bench's load and the embedded node with its NATS server"
+	if external {
+		who = "bench's load only"
+	}
+	fmt.Fprintf(w, "cpu: %.2f µs per decision, %.2f µs per echo (this process: %s)\n",
+		rep.CPUPerDecisionUs, rep.EchoCPUPerRequestUs, who)
+}
+
+// printMemory writes the report's memory line.
+func printMemory(w io.Writer, rep *bench.Report, external bool) {
+	if rep.RSSPeakMB == nil {
+		return
+	}
+	who := "bench's load and the embedded node with its NATS server"
+	if external {
+		who = "bench's load only"
+	}
+	fmt.Fprintf(w, "memory: peak resident %.1f MB (this process: %s)\n", *rep.RSSPeakMB, who)
+}
+
+// printUsageLag writes the report's usage lag line.
+func printUsageLag(w io.Writer, rep *bench.Report) {
+	if rep.UsageLagMs == nil {
+		if rep.UsageNote == "" {
+			return // not measured (leased mode)
+		}
+		fmt.Fprintf(w, "usage lag: %s\n", rep.UsageNote)
+		return
+	}
+	fmt.Fprintf(w, "usage lag: %.3f s (%d usage batches not yet in the ledger at the end of the run)\n",
+		*rep.UsageLagMs/1e3, *rep.UsagePending)
+}
+
+// printUsageBytes writes the report's usage stream line.
+func printUsageBytes(w io.Writer, rep *bench.Report) {
+	u := rep.UsageCost
+	if u == nil {
+		return
+	}
+	if u.BytesPerDecision == nil {
+		if u.Note != "" {
+			fmt.Fprintf(w, "usage stream: %s\n", u.Note)
+		}
+		return
+	}
+	est := ""
+	if u.Estimated {
+		est = " (estimated: the stream was full and discarded its oldest messages)"
+	}
+	fmt.Fprintf(w, "usage stream: %.1f bytes per decision%s\n", *u.BytesPerDecision, est)
+	limits := fmt.Sprintf("max bytes %s, max age %s", formatBytes(u.MaxBytes), formatAge(u.MaxAge))
+	if u.RetentionHours == nil {
+		fmt.Fprintf(w, "usage retention: unbounded (%s)\n", limits)
+		return
+	}
+	fmt.Fprintf(w, "usage retention: %.3f h at %.0f decisions/s (%.1f MB/s; %s)\n",
+		*u.RetentionHours, rep.DecisionsPerS, *u.BytesPerDecision*rep.DecisionsPerS/1e6, limits)
+}
+
+// formatBytes formats a stream's byte limit (<= 0: none).
+func formatBytes(n int64) string {
+	switch {
+	case n <= 0:
+		return "none"
+	case n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// formatAge formats a stream's age limit (0: none).
+func formatAge(d time.Duration) string {
+	if d <= 0 {
+		return "none"
+	}
+	return d.String()
+}
+
+// verdict is the run's error when its figures show a bug: overshoot
+// beyond the contract (strict mode; leased mode: beyond max_outstanding),
+// or, in the reserve modes, units missing from keys or reservations left
+// open.
+func verdict(c *bench.Config, rep *bench.Report) error {
+	switch {
+	case rep.ResReport != nil:
+		return reserveVerdict(c, rep)
+	case rep.KeysOverBound > 0:
+		return fmt.Errorf("leased mode admitted more than the contract plus max_outstanding on %d keys: this is a bug", rep.KeysOverBound)
+	case c.Mode == bench.Strict && rep.OvershootMicro > 0:
+		return fmt.Errorf("strict mode admitted %s units beyond the contract on %d keys: this is a bug",
+			formatUnits(rep.OvershootMicro), rep.OvershootKeys)
+	}
+	return nil
+}
+
+// rlsVerdict is verdict for an RLS run.
+func rlsVerdict(c *bench.Config, rep *bench.RLSReport) error {
+	if c.Mode == bench.Strict && rep.OvershootMicro > 0 {
+		return fmt.Errorf("strict mode admitted %s units beyond the contract on %d keys: this is a bug",
+			formatUnits(rep.OvershootMicro), rep.OvershootKeys)
+	}
+	return nil
+}
+
+// reserveVerdict is the run's error when the reservations misbehaved:
+// overshoot, units missing from keys, or reservations left open.
+func reserveVerdict(c *bench.Config, rep *bench.Report) error {
+	rr := rep.ResReport
+	switch {
+	case rep.OvershootMicro > 0 && c.Mode == bench.Concurrency:
+		return fmt.Errorf("concurrency mode: clients held %s units beyond --slots on %d keys: this is a bug", formatUnits(rep.OvershootMicro), rep.OvershootKeys)
+	case rep.OvershootMicro > 0:
+		return fmt.Errorf("reserve mode: %s settled units beyond the contract on %d keys: this is a bug", formatUnits(rep.OvershootMicro), rep.OvershootKeys)
+	}
+	var leaks []string
+	if rr.LeakedKeys > 0 {
+		leaks = append(leaks, fmt.Sprintf("%d keys not back to full (%s units missing)", rr.LeakedKeys, formatUnits(rr.LeakedMicro)))
+	}
+	if rr.OpenReservations != nil && *rr.OpenReservations > 0 {
+		leaks = append(leaks, fmt.Sprintf("%g reservations still open", *rr.OpenReservations))
+	}
+	if len(leaks) > 0 {
+		return fmt.Errorf("%s %.3fs after the run (--ttl %v, --leak-wait %v)", strings.Join(leaks, " and "), rr.LeakWaitS, c.Reserve.TTL, rr.LeakWait)
+	}
+	if rr.MetricsErr != nil {
+		return fmt.Errorf("open reservations not measured: %v", rr.MetricsErr)
+	}
+	return nil
+}
+
+// printReserve writes the reserve modes' lines of the report.
+func printReserve(w io.Writer, c *bench.Config, rep *bench.Report, external bool) {
+	rr := rep.ResReport
+	if rr.Abandoned > 0 || rr.ExpiredBeforeEnd > 0 || rr.EndUnknown > 0 {
+		fmt.Fprintf(w, "reservations: %d abandoned, %d expired before their end, %d ends without a known outcome\n",
+			rr.Abandoned, rr.ExpiredBeforeEnd, rr.EndUnknown)
+	}
+	open := "not measured (--metrics-url)"
+	switch {
+	case rr.MetricsErr != nil:
+		open = "not measured: " + rr.MetricsErr.Error()
+	case rr.OpenReservations != nil:
+		open = fmt.Sprintf("%g", *rr.OpenReservations)
+	}
+	fmt.Fprintf(w, "leaks: %d of %d keys not full (%s units missing), open reservations %s, after %.3fs\n",
+		rr.LeakedKeys, rr.KeysChecked, formatUnits(rr.LeakedMicro), open, rr.LeakWaitS)
+	if rr.ReservationsEnded != nil {
+		fmt.Fprintf(w, "node: reservations settled %g, released %g, expired %g\n",
+			rr.ReservationsEnded["settled"], rr.ReservationsEnded["released"], rr.ReservationsEnded["expired"])
+	}
+	who := "bench's load and the embedded node with its NATS server"
+	if external {
+		who = "bench's load only"
+	}
+	pair := "reserve+settle"
+	if c.Mode == bench.Concurrency {
+		pair = "acquire+release"
+	}
+	fmt.Fprintf(w, "cpu: %.2f µs per %s pair (%.2f per request), %.2f per operation, %.2f per echo operation (this process: %s)\n",
+		rr.CPUPerPairUs, pair, rr.CPUPerRequestUs, rep.CPUPerDecisionUs, rep.EchoCPUPerRequestUs, who)
+}
+
+// printRLSReport writes the human-readable report of an RLS run.
+func printRLSReport(w io.Writer, rep *bench.RLSReport, external bool) {
+	fmt.Fprintf(w, "limitmesh bench --rls %s: %d keys (zipf %g), %d in flight over %d connections, hits_addend %s\n",
+		rep.Target, rep.Keys, rep.Zipf, rep.Concurrency, rep.Conns, rep.Cost)
+	fmt.Fprintf(w, "%-22s %10s %10s %9s %9s %10s %10s %8s\n", "", "decisions", "per sec", "p50 ms", "p99 ms", "admitted", "denied", "errors")
+	if rep.NATSPerS != nil {
+		fmt.Fprintf(w, "%-22s %10s %10.0f %9.3f %9.3f %10d %10d %8d\n", "decide over NATS", "",
+			*rep.NATSPerS, *rep.NATSP50ms, *rep.NATSP99ms, *rep.NATSAdmitted, *rep.NATSDenied, *rep.NATSErrors)
+	}
+	fmt.Fprintf(w, "%-22s %10d %10.0f %9.3f %9.3f %10d %10d %8d\n", "ShouldRateLimit (gRPC)", rep.Decisions,
+		rep.DecisionsPerS, rep.P50ms, rep.P99ms, rep.Admitted, rep.Denied, rep.Errors)
+	if rep.Ratio != nil {
+		fmt.Fprintf(w, "ratio rls/nats: %.3f\n", *rep.Ratio)
+	}
+	who := "bench's load and the embedded node with its NATS server"
+	if external {
+		who = "bench's load only"
+	}
+	if rep.NATSCPUPerDec != nil {
+		fmt.Fprintf(w, "cpu: %.2f µs per rls decision, %.2f µs per nats decision (this process: %s)\n", rep.CPUPerDecUs, *rep.NATSCPUPerDec, who)
+	}
+	if rep.Timeouts+rep.Unavailable+rep.Unmatched > 0 {
+		fmt.Fprintf(w, "rls errors: %d timeouts, %d unavailable, %d without a limit\n", rep.Timeouts, rep.Unavailable, rep.Unmatched)
+	}
+	fmt.Fprintf(w, "overshoot: %s units on %d keys\n", formatUnits(rep.OvershootMicro), rep.OvershootKeys)
+}
+
+// printShadow writes the shadow lines of the human-readable report.
+func printShadow(w io.Writer, r *bench.ShadowReport) {
+	if r == nil {
+		return
+	}
+	catchUp := "not within a minute"
+	if r.CatchUpS >= 0 {
+		catchUp = strconv.FormatFloat(r.CatchUpS, 'f', 3, 64) + "s after the run"
+	}
+	fmt.Fprintf(w, "shadow: %d candidates; evaluation lag (summary write - newest record evaluated) p50 %.3fs, max %.3fs over %d writes; "+
+		"every decision evaluated %s (%d records)\n", r.Candidates, r.LagP50S, r.LagMaxS, r.LagSamples, catchUp, r.Evaluated)
+}
+
+// printFlood writes the flood's line of the human-readable report.
+func printFlood(w io.Writer, r *bench.FloodReport) {
+	if r == nil {
+		return
+	}
+	fmt.Fprintf(w, "flood: %g x %s offered %.0f/s: sent %d, %.0f replies/s, admitted %d, denied %d, errors %d, skipped %d, unanswered %d\n",
+		r.Factor, r.Rate, r.OfferedPS, r.Sent, r.RepliesPS, r.Admitted, r.Denied, r.Errors, r.Skipped, r.Unanswered)
 }

@@ -1,8 +1,6 @@
-package cli
+package bench
 
 import (
-	"fmt"
-	"io"
 	"math"
 	"syscall"
 	"time"
@@ -33,17 +31,4 @@ func cpuPer(cpu time.Duration, replies int64) float64 {
 		return 0
 	}
 	return math.Round(float64(cpu.Nanoseconds())/float64(replies)/10) / 100
-}
-
-// printCPU writes the report's CPU line.
-func (rep *benchReport) printCPU(w io.Writer, c *benchConfig) {
-	if rep.CPUPerDecisionUs == 0 && rep.EchoCPUPerRequestUs == 0 {
-		return // not measured (leased mode)
-	}
-	who := "bench's load and the embedded node with its NATS server"
-	if c.external {
-		who = "bench's load only"
-	}
-	fmt.Fprintf(w, "cpu: %.2f µs per decision, %.2f µs per echo (this process: %s)\n",
-		rep.CPUPerDecisionUs, rep.EchoCPUPerRequestUs, who)
 }

@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"bytes"
@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -22,7 +21,7 @@ import (
 // startBenchNode starts an embedded NATS server and a node on it; stop
 // undoes both. In the reserve modes the node's /metrics is served on a
 // loopback port, at metricsURL, for the leak check (bench_reserve_check.go).
-func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (_ *mesh.Embedded, metricsURL string, _ func(), _ error) {
+func startBenchNode(ctx context.Context, c *Config) (_ *mesh.Embedded, metricsURL string, _ func(), _ error) {
 	var undo []func()
 	stop := func() {
 		for i := len(undo) - 1; i >= 0; i-- {
@@ -36,10 +35,10 @@ func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (_ *mes
 	undo = append(undo, func() { os.RemoveAll(dir) })
 	level := new(slog.LevelVar)
 	level.Set(slog.LevelWarn)
-	if c.verbose {
+	if c.Verbose {
 		level.Set(slog.LevelInfo)
 	}
-	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewTextHandler(c.Log, &slog.HandlerOptions{Level: level}))
 	emb, err := mesh.StartEmbedded(mesh.EmbeddedConfig{DataDir: dir, ServerName: "limitmesh-bench", Logger: log})
 	if err != nil {
 		stop()
@@ -53,10 +52,10 @@ func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (_ *mes
 	}
 	undo = append(undo, nodeConn.Close)
 	var roles mesh.Roles // the default: all (also with --usage=false)
-	if c.roles != mesh.AllRoles.String() {
-		roles, _ = mesh.ParseRoles(c.roles) // validated
+	if c.Roles != mesh.AllRoles.String() {
+		roles, _ = mesh.ParseRoles(c.Roles) // validated
 	}
-	node, err := mesh.NewNode(nodeConn, mesh.NodeConfig{Prefix: c.cf.prefix, Logger: log, NoUsage: !c.usage, Roles: roles})
+	node, err := mesh.NewNode(nodeConn, mesh.NodeConfig{Prefix: c.Prefix, Logger: log, NoUsage: !c.Usage, Roles: roles})
 	if err != nil {
 		stop()
 		return nil, "", nil, err
@@ -69,7 +68,7 @@ func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (_ *mes
 		return nil, "", nil, fmt.Errorf("start node: %v", err)
 	}
 	undo = append(undo, func() {
-		if !c.verbose {
+		if !c.Verbose {
 			// The node and its data are thrown away: what its stop cannot
 			// finish in time (checkpoints after a run over many keys, a
 			// watch ended by the shutdown) is no warning to the user.
@@ -87,7 +86,7 @@ func startBenchNode(ctx context.Context, c *benchConfig, logw io.Writer) (_ *mes
 		}
 		undo = append(undo, undoHook)
 	}
-	if isReserveMode(c.mode) {
+	if c.Mode.Reserves() {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			stop()
@@ -131,12 +130,12 @@ func waitForBenchPolicy(ctx context.Context, nc *nats.Conn, plan *benchPlan, rev
 
 // putBenchPolicy puts the run's policy into the policy bucket over admin;
 // undo deletes it again.
-func putBenchPolicy(ctx context.Context, admin *nats.Conn, c *benchConfig, plan *benchPlan) (js jetstream.JetStream, kv jetstream.KeyValue, rev uint64, undo func(), err error) {
+func putBenchPolicy(ctx context.Context, admin *nats.Conn, c *Config, plan *benchPlan) (js jetstream.JetStream, kv jetstream.KeyValue, rev uint64, undo func(), err error) {
 	if js, err = jetstream.New(admin); err != nil {
 		return nil, nil, 0, nil, err
 	}
-	if kv, err = js.KeyValue(ctx, c.cf.prefix+"_policies"); err != nil {
-		return nil, nil, 0, nil, fmt.Errorf("open %s_policies: %v (is a node running?)", c.cf.prefix, err)
+	if kv, err = js.KeyValue(ctx, c.Prefix+"_policies"); err != nil {
+		return nil, nil, 0, nil, fmt.Errorf("open %s_policies: %v (is a node running?)", c.Prefix, err)
 	}
 	if rev, err = kv.Put(ctx, plan.policyName, plan.policyDoc); err != nil {
 		return nil, nil, 0, nil, fmt.Errorf("put policy %s: %v", plan.policyName, err)

@@ -1,12 +1,9 @@
-package cli
+package bench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -58,53 +55,45 @@ import (
 // counted as unmatched, an error. Overshoot is checked for the NATS phase
 // and for the embedded bridge, whose decisions are the bench policy's.
 
-// rlsEmbedded is the --rls value that names the embedded node's bridge.
-const rlsEmbedded = "embedded"
+// RLSEmbedded is the --rls value that names the embedded node's bridge.
+const RLSEmbedded = "embedded"
 
 // rlsDomain is the domain of the RLS phase's requests.
 const rlsDomain = "limitmesh-bench"
 
-// rlsConfig is bench's --rls flags.
-type rlsConfig struct {
-	addr    string // "": no RLS phase
-	compare bool
+// RLSConfig is where RunRLS sends its load (--rls, --rls-compare).
+type RLSConfig struct {
+	Addr    string // host:port of a server of Envoy's rate limit API, or RLSEmbedded
+	Compare bool   // alternate with the decide phase over NATS and report rls/nats
 }
 
-func (r *rlsConfig) register(fs *flag.FlagSet) {
-	fs.StringVar(&r.addr, "rls", "", "host:port of a server of Envoy's rate limit API (gRPC ShouldRateLimit) to load instead of the decide service: "+
-		"limitmesh's bridge (serve --envoy-listen) or envoyproxy/ratelimit; \""+rlsEmbedded+"\": the embedded node's own bridge")
-	fs.BoolVar(&r.compare, "rls-compare", true, "with --rls: alternate with the decide phase over NATS against the bench's node (embedded, or --nats-url) and report rls/nats")
-}
-
-func (r *rlsConfig) validate(c *benchConfig) error {
-	if r.addr == "" {
+func (r *RLSConfig) validate(c *Config) error {
+	if r.Addr == "" {
 		return nil
 	}
 	switch {
-	case r.addr != rlsEmbedded && !validHostPort(r.addr):
-		return fmt.Errorf("--rls %q: want host:port or %q", r.addr, rlsEmbedded)
-	case r.addr == rlsEmbedded && c.external:
-		return fmt.Errorf("--rls %s is the embedded node's bridge; with --nats-url name the deployment's bridge (serve --envoy-listen) as host:port", rlsEmbedded)
-	case c.mode != "strict" && c.mode != "async" && c.mode != "local":
-		return fmt.Errorf("--rls loads ShouldRateLimit: --mode %s is not for it (strict, async or local)", c.mode)
-	case c.candidates > 0 || c.flood.factor > 0:
+	case r.Addr == RLSEmbedded && c.external():
+		return fmt.Errorf("--rls %s is the embedded node's bridge; with --nats-url name the deployment's bridge (serve --envoy-listen) as host:port", RLSEmbedded)
+	case c.Mode != "strict" && c.Mode != "async" && c.Mode != "local":
+		return fmt.Errorf("--rls loads ShouldRateLimit: --mode %s is not for it (strict, async or local)", c.Mode)
+	case c.Candidates > 0 || c.Flood.Factor > 0:
 		return errors.New("--candidates and --flood are not for --rls")
 	}
-	micro, err := policies.ParseCost(c.cost)
+	micro, err := policies.ParseCost(c.Cost)
 	if err != nil || micro%kvstate.Unit != 0 {
-		return fmt.Errorf("--cost %q: --rls sends it as hits_addend, a whole number", c.cost)
+		return fmt.Errorf("--cost %q: --rls sends it as hits_addend, a whole number", c.Cost)
 	}
 	return nil
 }
 
 // rlsHits is the run's hits_addend.
-func (c *benchConfig) rlsHits() uint32 {
-	micro, _ := policies.ParseCost(c.cost) // validated: whole
+func (c *Config) rlsHits() uint32 {
+	micro, _ := policies.ParseCost(c.Cost) // validated: whole
 	return uint32(micro / kvstate.Unit)
 }
 
-// rlsReport is the --rls run's result; its JSON form is the --json line.
-type rlsReport struct {
+// RLSReport is the --rls run's result; its JSON form is the --json line.
+type RLSReport struct {
 	Mode          string  `json:"mode"` // "rls"
 	PolicyMode    string  `json:"policy_mode"`
 	Target        string  `json:"target"`
@@ -145,32 +134,40 @@ type rlsReport struct {
 	OvershootMicro int64   `json:"-"`
 }
 
-func runRLSBench(ctx context.Context, c *benchConfig, plan *benchPlan, dist *keyDist, s stdio, progress io.Writer) error {
+// RunRLS runs the load cfg describes over Envoy's rate limit API against
+// cfg.RLS.Addr (see above) and returns its figures; as Run, its error is
+// for a run that could not be made.
+func RunRLS(ctx context.Context, cfg Config) (*RLSReport, error) {
+	c := &cfg
+	dist, plan, err := prepare(c)
+	if err != nil {
+		return nil, err
+	}
+	progress := c.Progress
 	var cleanup []func()
 	defer func() {
 		for i := len(cleanup) - 1; i >= 0; i-- {
 			cleanup[i]()
 		}
 	}()
-	target := c.rls.addr
-	hasNode := c.external || c.rls.compare || target == rlsEmbedded
+	target := c.RLS.Addr
+	hasNode := c.external() || c.RLS.Compare || target == RLSEmbedded
 	var connect func(name string) (*nats.Conn, error)
 	switch {
-	case c.external:
-		connect = func(name string) (*nats.Conn, error) { return c.cf.dial(name) }
-		logf(progress, "bench: the limitmesh deployment at %s", redactURL(c.cf.natsURL))
+	case c.external():
+		connect = func(name string) (*nats.Conn, error) { return c.Dial(name) }
+		logf(progress, "bench: the limitmesh deployment at %s", c.Target)
 	case hasNode:
 		if _, err := mesh.ParsePolicy(plan.policyName, plan.policyDoc); err != nil {
-			return fmt.Errorf("the embedded node does not implement --mode %s: %v", c.mode, err)
+			return nil, fmt.Errorf("the embedded node does not implement --mode %s: %v", c.Mode, err)
 		}
-		if target == rlsEmbedded {
+		if target == RLSEmbedded {
 			c.onNode = func(emb *mesh.Embedded, node *mesh.Node, log *slog.Logger) (func(), error) {
 				l, err := net.Listen("tcp", "127.0.0.1:0")
 				if err != nil {
 					return nil, err
 				}
-				connect := func(name string) (*nats.Conn, error) { return emb.Connect(nats.Name(name)) }
-				b, err := startEnvoy(l, connect, node, c.cf.prefix, mesh.DefaultDecisionTimeout, nil, log)
+				stopBridge, err := c.StartBridge(l, emb, node, c.Prefix, log)
 				if err != nil {
 					l.Close()
 					return nil, err
@@ -179,13 +176,13 @@ func runRLSBench(ctx context.Context, c *benchConfig, plan *benchPlan, dist *key
 				return func() {
 					sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 					defer cancel()
-					b.stop(sctx, log)
+					stopBridge(sctx)
 				}, nil
 			}
 		}
-		emb, _, stop, err := startBenchNode(ctx, c, s.err)
+		emb, _, stop, err := startBenchNode(ctx, c)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		cleanup = append(cleanup, stop)
 		connect = func(name string) (*nats.Conn, error) { return emb.Connect(nats.Name(name)) }
@@ -194,78 +191,68 @@ func runRLSBench(ctx context.Context, c *benchConfig, plan *benchPlan, dist *key
 	if hasNode {
 		admin, err := connect("limitmesh-bench-admin")
 		if err != nil {
-			return err
+			return nil, err
 		}
 		cleanup = append(cleanup, admin.Close)
 		_, _, rev, undo, err := putBenchPolicy(ctx, admin, c, plan)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		cleanup = append(cleanup, undo)
-		if _, err := waitForBenchPolicy(ctx, admin, plan, rev, c.cf.timeout); err != nil {
-			return err
+		if _, err := waitForBenchPolicy(ctx, admin, plan, rev, c.Timeout); err != nil {
+			return nil, err
 		}
 		logf(progress, "bench: policy %s (revision %d): token_bucket %s burst %s per key, mode %s",
-			plan.policyName, rev, c.rate, c.burst, c.mode)
+			plan.policyName, rev, c.Rate, c.Burst, c.Mode)
 	}
 	logf(progress, "bench: Envoy rate limit service at %s (domain %s, descriptor bench_run=%s, key=r<n>)", target, rlsDomain, plan.run)
 
 	r := &benchRun{c: c, plan: plan, dist: dist, progress: progress}
 	var natsPhase *phase
-	natsTally, rlsTally := newTallies(c.keys), newTallies(c.keys)
-	if c.rls.compare {
-		r.load = make([]*inboxConn, c.conns)
+	natsTally, rlsTally := newTallies(c.Keys), newTallies(c.Keys)
+	if c.RLS.Compare {
+		r.load = make([]*inboxConn, c.Conns)
 		for i := range r.load {
 			nc, err := connect(fmt.Sprintf("limitmesh-bench-%d", i))
 			if err != nil {
-				return err
+				return nil, err
 			}
 			cleanup = append(cleanup, nc.Close)
-			perConn := (c.concurrency + c.conns - 1 - i) / c.conns
+			perConn := (c.Concurrency + c.Conns - 1 - i) / c.Conns
 			if r.load[i], err = newInboxConn(nc, perConn); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		natsPhase = r.newPhase("nats", plan.decideSubj, natsTally)
 	}
-	conns := make([]*grpc.ClientConn, c.conns)
+	conns := make([]*grpc.ClientConn, c.Conns)
 	for i := range conns {
 		cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			return fmt.Errorf("--rls %s: %v", target, err)
+			return nil, fmt.Errorf("--rls %s: %v", target, err)
 		}
 		cleanup = append(cleanup, func() { cc.Close() })
 		conns[i] = cc
 	}
 	if err := probeRLS(ctx, conns[0], plan, c); err != nil {
-		return fmt.Errorf("--rls %s: %v", target, err)
+		return nil, fmt.Errorf("--rls %s: %v", target, err)
 	}
 	rls := r.newRLSPhase(conns, rlsTally)
 
 	if natsPhase != nil {
 		if err := r.runRounds(ctx, natsPhase, rls); err != nil {
-			return err
+			return nil, err
 		}
 	} else {
 		r.base = time.Now()
-		for i, d := range splitDuration(c.duration, c.rounds) {
+		for i, d := range splitDuration(c.Duration, c.Rounds) {
 			if err := r.runSlice(ctx, rls, benchSlice{decide: true, round: i + 1, d: d}); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
 
-	rep := r.rlsReport(target, natsPhase, rls, natsTally, rlsTally, c.rls.addr == rlsEmbedded)
-	rep.print(s.out, c.external)
-	if c.jsonOut {
-		b, _ := json.Marshal(rep)
-		fmt.Fprintln(s.out, string(b))
-	}
-	if c.mode == "strict" && rep.OvershootMicro > 0 {
-		return fmt.Errorf("strict mode admitted %s units beyond the contract on %d keys: this is a bug",
-			formatUnits(rep.OvershootMicro), rep.OvershootKeys)
-	}
-	return nil
+	return r.rlsReport(target, natsPhase, rls, natsTally, rlsTally, c.RLS.Addr == RLSEmbedded), nil
 }
 
 func newTallies(n int) []keyTally {
@@ -288,12 +275,12 @@ func rlsRequest(plan *benchPlan, hits uint32) (*rlsv3.RateLimitRequest, *ratelim
 // probeRLS sends one request (key r0) and checks that a limit decided it,
 // so that a server without the bench's descriptors in its config is
 // reported before the run rather than as errors.
-func probeRLS(ctx context.Context, cc *grpc.ClientConn, plan *benchPlan, c *benchConfig) error {
+func probeRLS(ctx context.Context, cc *grpc.ClientConn, plan *benchPlan, c *Config) error {
 	req, key := rlsRequest(plan, 1)
 	key.Value = "r0"
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		pctx, cancel := context.WithTimeout(ctx, c.cf.timeout)
+		pctx, cancel := context.WithTimeout(ctx, c.Timeout)
 		resp, err := rlsv3.NewRateLimitServiceClient(cc).ShouldRateLimit(pctx, req)
 		cancel()
 		switch {
@@ -317,10 +304,10 @@ func probeRLS(ctx context.Context, cc *grpc.ClientConn, plan *benchPlan, c *benc
 // phases.
 func (r *benchRun) newRLSPhase(conns []*grpc.ClientConn, tally []keyTally) *phase {
 	c := r.c
-	p := &phase{name: "rls", tally: tally, workers: make([]*worker, c.concurrency)}
-	clients := make(map[*worker]rlsv3.RateLimitServiceClient, c.concurrency)
+	p := &phase{name: "rls", tally: tally, workers: make([]*worker, c.Concurrency)}
+	clients := make(map[*worker]rlsv3.RateLimitServiceClient, c.Concurrency)
 	for i := range p.workers {
-		w := &worker{pick: r.dist.picker(c.seed, uint64(i)), hist: new(latencyHist)}
+		w := &worker{pick: r.dist.picker(c.Seed, uint64(i)), hist: new(latencyHist)}
 		p.workers[i] = w
 		clients[w] = rlsv3.NewRateLimitServiceClient(conns[i%len(conns)])
 	}
@@ -331,7 +318,7 @@ func (r *benchRun) newRLSPhase(conns []*grpc.ClientConn, tally []keyTally) *phas
 
 // rlsWork is one RLS worker's loop until stop (one slice).
 func (r *benchRun) rlsWork(w *worker, cl rlsv3.RateLimitServiceClient, hits uint32, stop *atomic.Bool, tally []keyTally) {
-	timeout, base := r.c.cf.timeout, r.base
+	timeout, base := r.c.Timeout, r.base
 	req, key := rlsRequest(r.plan, hits)
 	for !stop.Load() {
 		k := w.pick.next()
@@ -376,13 +363,13 @@ func (r *benchRun) rlsWork(w *worker, cl rlsv3.RateLimitServiceClient, hits uint
 	}
 }
 
-func (r *benchRun) rlsReport(target string, natsPhase, rls *phase, natsTally, rlsTally []keyTally, checkRLS bool) *rlsReport {
+func (r *benchRun) rlsReport(target string, natsPhase, rls *phase, natsTally, rlsTally []keyTally, checkRLS bool) *RLSReport {
 	c := r.c
 	ms := func(ns int64) float64 { return math.Round(float64(ns)/1e3) / 1e3 }
 	res := rls.result()
-	rep := &rlsReport{
-		Mode: "rls", PolicyMode: c.mode, Target: target, Keys: c.keys, Zipf: c.zipf, Concurrency: c.concurrency,
-		Conns: c.conns, Cost: c.cost, Rate: c.rate, Burst: c.burst, Rounds: c.rounds,
+	rep := &RLSReport{
+		Mode: "rls", PolicyMode: string(c.Mode), Target: target, Keys: c.Keys, Zipf: c.Zipf, Concurrency: c.Concurrency,
+		Conns: c.Conns, Cost: c.Cost, Rate: c.Rate, Burst: c.Burst, Rounds: c.Rounds,
 		DurationS:     math.Round(res.elapsed.Seconds()*1e3) / 1e3,
 		Decisions:     res.replies,
 		DecisionsPerS: math.Round(res.perSec()),
@@ -418,31 +405,4 @@ func (r *benchRun) rlsReport(target string, natsPhase, rls *phase, natsTally, rl
 	}
 	rep.Overshoot = float64(rep.OvershootMicro) / float64(kvstate.Unit)
 	return rep
-}
-
-// print writes the human-readable report.
-func (rep *rlsReport) print(w io.Writer, external bool) {
-	fmt.Fprintf(w, "limitmesh bench --rls %s: %d keys (zipf %g), %d in flight over %d connections, hits_addend %s\n",
-		rep.Target, rep.Keys, rep.Zipf, rep.Concurrency, rep.Conns, rep.Cost)
-	fmt.Fprintf(w, "%-22s %10s %10s %9s %9s %10s %10s %8s\n", "", "decisions", "per sec", "p50 ms", "p99 ms", "admitted", "denied", "errors")
-	if rep.NATSPerS != nil {
-		fmt.Fprintf(w, "%-22s %10s %10.0f %9.3f %9.3f %10d %10d %8d\n", "decide over NATS", "",
-			*rep.NATSPerS, *rep.NATSP50ms, *rep.NATSP99ms, *rep.NATSAdmitted, *rep.NATSDenied, *rep.NATSErrors)
-	}
-	fmt.Fprintf(w, "%-22s %10d %10.0f %9.3f %9.3f %10d %10d %8d\n", "ShouldRateLimit (gRPC)", rep.Decisions,
-		rep.DecisionsPerS, rep.P50ms, rep.P99ms, rep.Admitted, rep.Denied, rep.Errors)
-	if rep.Ratio != nil {
-		fmt.Fprintf(w, "ratio rls/nats: %.3f\n", *rep.Ratio)
-	}
-	who := "bench's load and the embedded node with its NATS server"
-	if external {
-		who = "bench's load only"
-	}
-	if rep.NATSCPUPerDec != nil {
-		fmt.Fprintf(w, "cpu: %.2f µs per rls decision, %.2f µs per nats decision (this process: %s)\n", rep.CPUPerDecUs, *rep.NATSCPUPerDec, who)
-	}
-	if rep.Timeouts+rep.Unavailable+rep.Unmatched > 0 {
-		fmt.Fprintf(w, "rls errors: %d timeouts, %d unavailable, %d without a limit\n", rep.Timeouts, rep.Unavailable, rep.Unmatched)
-	}
-	fmt.Fprintf(w, "overshoot: %s units on %d keys\n", formatUnits(rep.OvershootMicro), rep.OvershootKeys)
 }

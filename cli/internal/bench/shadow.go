@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"context"
@@ -80,8 +80,8 @@ type benchShadow struct {
 	lastEval uint64
 }
 
-// benchShadowReport is the --json "shadow" object of a run with candidates.
-type benchShadowReport struct {
+// ShadowReport is the --json "shadow" object of a run with candidates.
+type ShadowReport struct {
 	Candidates int `json:"candidates"`
 	// LagSamples is the number of summary writes the lag figures are taken
 	// from; LagP50s and LagMaxS are the median and largest of their
@@ -196,11 +196,11 @@ func (b *benchShadow) sample(v []byte) {
 
 // finish waits (at most a minute) until the watched candidate's summary
 // counts decisions records, stops the watch and returns the figures.
-func (b *benchShadow) finish(ctx context.Context, decisions int64, progress io.Writer) *benchShadowReport {
+func (b *benchShadow) finish(ctx context.Context, decisions int64, progress io.Writer) *ShadowReport {
 	if b == nil {
 		return nil
 	}
-	rep := &benchShadowReport{Candidates: len(b.names), CatchUpS: -1}
+	rep := &ShadowReport{Candidates: len(b.names), CatchUpS: -1}
 	began := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -251,19 +251,6 @@ func (b *benchShadow) remove() {
 			return
 		}
 	}
-}
-
-// print writes the shadow lines of the human-readable report.
-func (r *benchShadowReport) print(w io.Writer) {
-	if r == nil {
-		return
-	}
-	catchUp := "not within a minute"
-	if r.CatchUpS >= 0 {
-		catchUp = strconv.FormatFloat(r.CatchUpS, 'f', 3, 64) + "s after the run"
-	}
-	fmt.Fprintf(w, "shadow: %d candidates; evaluation lag (summary write - newest record evaluated) p50 %.3fs, max %.3fs over %d writes; "+
-		"every decision evaluated %s (%d records)\n", r.Candidates, r.LagP50S, r.LagMaxS, r.LagSamples, catchUp, r.Evaluated)
 }
 
 // sleepCtx waits d or until ctx ends; it reports whether d passed.

@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"testing"
@@ -34,19 +34,19 @@ func TestUsageCost(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			u := usageCost(tc.before, tc.after, tc.decisions, tc.perSec)
-			if u.bytesPerDecision == nil || *u.bytesPerDecision != tc.bpd || u.estimated != tc.estimated {
-				t.Fatalf("bytes per decision %v (estimated %v), want %v (%v)", u.bytesPerDecision, u.estimated, tc.bpd, tc.estimated)
+			if u.BytesPerDecision == nil || *u.BytesPerDecision != tc.bpd || u.Estimated != tc.estimated {
+				t.Fatalf("bytes per decision %v (estimated %v), want %v (%v)", u.BytesPerDecision, u.Estimated, tc.bpd, tc.estimated)
 			}
 			switch {
-			case tc.hours < 0 && u.retentionHours != nil:
-				t.Errorf("retention %v h, want unbounded", *u.retentionHours)
-			case tc.hours >= 0 && (u.retentionHours == nil || *u.retentionHours != tc.hours):
-				t.Errorf("retention %v h, want %v", u.retentionHours, tc.hours)
+			case tc.hours < 0 && u.RetentionHours != nil:
+				t.Errorf("retention %v h, want unbounded", *u.RetentionHours)
+			case tc.hours >= 0 && (u.RetentionHours == nil || *u.RetentionHours != tc.hours):
+				t.Errorf("retention %v h, want %v", u.RetentionHours, tc.hours)
 			}
 		})
 	}
-	if u := usageCost(mark(0, 0, 0, 0, lim), mark(0, 0, 0, 0, lim), 0, 0); u.bytesPerDecision != nil {
-		t.Errorf("no decisions: %v bytes per decision", *u.bytesPerDecision)
+	if u := usageCost(mark(0, 0, 0, 0, lim), mark(0, 0, 0, 0, lim), 0, 0); u.BytesPerDecision != nil {
+		t.Errorf("no decisions: %v bytes per decision", *u.BytesPerDecision)
 	}
 }
 

@@ -1,8 +1,7 @@
-package cli
+package bench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,11 +12,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh"
 	"github.com/limitmesh/limitmesh/mesh/client"
 	"github.com/limitmesh/limitmesh/policies"
-	"github.com/nats-io/nats.go"
 )
 
 // `limitmesh bench --mode leased` (CONTRACT §8): --holders SDK holders
@@ -49,13 +49,13 @@ const leasedSample = 16
 // coarseTick is the resolution of the leased bench's clock.
 const coarseTick = time.Millisecond
 
-func runLeasedBench(ctx context.Context, c *benchConfig, plan *benchPlan, dist *keyDist, s stdio, progress io.Writer) error {
+func runLeased(ctx context.Context, c *Config, plan *benchPlan, dist *keyDist, progress io.Writer) (*Report, error) {
 	pol, err := policies.Parse(plan.policyName, plan.policyDoc)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := mesh.ParsePolicy(plan.policyName, plan.policyDoc); err != nil {
-		return fmt.Errorf("the node does not implement --mode leased: %v", err)
+		return nil, fmt.Errorf("the node does not implement --mode leased: %v", err)
 	}
 	var (
 		connect func(region int, name string) (*nats.Conn, error)
@@ -67,35 +67,35 @@ func runLeasedBench(ctx context.Context, c *benchConfig, plan *benchPlan, dist *
 			cleanup[i]()
 		}
 	}()
-	if c.external {
-		connect = func(_ int, name string) (*nats.Conn, error) { return c.cf.dial(name) }
-		logf(progress, "bench: the limitmesh deployment at %s", redactURL(c.cf.natsURL))
+	if c.external() {
+		connect = func(_ int, name string) (*nats.Conn, error) { return c.Dial(name) }
+		logf(progress, "bench: the limitmesh deployment at %s", c.Target)
 	} else {
 		level := slog.LevelWarn
-		if c.verbose {
+		if c.Verbose {
 			level = slog.LevelInfo
 		}
-		log := slog.New(slog.NewTextHandler(s.err, &slog.HandlerOptions{Level: level}))
+		log := slog.New(slog.NewTextHandler(c.Log, &slog.HandlerOptions{Level: level}))
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		er, err := startRegions(rctx, c.regions, c.cf.prefix, log)
+		er, err := c.StartRegions(rctx, c.Regions, c.Prefix, log)
 		cancel()
 		if err != nil {
-			return err
+			return nil, err
 		}
-		cleanup = append(cleanup, er.stop)
-		regions = c.regions
-		connect = er.connect
-		logf(progress, "bench: started %d embedded region(s) %v, one NATS server and node each", regions, er.names)
+		cleanup = append(cleanup, er.Stop)
+		regions = c.Regions
+		connect = er.Connect
+		logf(progress, "bench: started %d embedded region(s) %v, one NATS server and node each", regions, er.Names)
 	}
 
 	admin, err := connect(0, "limitmesh-bench-admin")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cleanup = append(cleanup, admin.Close)
 	_, _, rev, undo, err := putBenchPolicy(ctx, admin, c, plan)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cleanup = append(cleanup, undo)
 	// Every region's node must decide with the policy: a dry run from a
@@ -104,91 +104,81 @@ func runLeasedBench(ctx context.Context, c *benchConfig, plan *benchPlan, dist *
 	for r := range regions {
 		nc, err := connect(r, fmt.Sprintf("limitmesh-bench-probe-%d", r))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		cleanup = append(cleanup, nc.Close)
-		if sample, err = waitForBenchPolicy(ctx, nc, plan, rev, c.cf.timeout); err != nil {
-			return err
+		if sample, err = waitForBenchPolicy(ctx, nc, plan, rev, c.Timeout); err != nil {
+			return nil, err
 		}
 		// The echo responder of the region, answering as large a payload
 		// as a decision reply.
 		echoConn, err := connect(r, fmt.Sprintf("limitmesh-bench-echo-%d", r))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		cleanup = append(cleanup, echoConn.Close)
 		reply := sample
 		sub, err := echoConn.QueueSubscribe(plan.echoSubj, "limitmesh-bench-echo", func(m *nats.Msg) { _ = m.Respond(reply) })
 		if err != nil {
-			return err
+			return nil, err
 		}
 		_ = sub.SetPendingLimits(-1, -1)
 		if err := echoConn.Flush(); err != nil {
-			return err
+			return nil, err
 		}
 	}
 
-	lb := &leasedBench{c: c, plan: plan, pol: pol, dist: dist, tally: make([]keyTally, c.keys), base: time.Now()}
+	lb := &leasedBench{c: c, plan: plan, pol: pol, dist: dist, tally: make([]keyTally, c.Keys), base: time.Now()}
 	for i := range lb.tally {
 		lb.tally[i].first.Store(math.MaxInt64)
 	}
-	lb.holders = make([]*leasedHolder, c.holders)
+	lb.holders = make([]*leasedHolder, c.Holders)
 	for h := range lb.holders {
 		nc, err := connect(h%regions, fmt.Sprintf("limitmesh-bench-holder-%d", h))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		cleanup = append(cleanup, nc.Close)
-		cl, err := client.New(nc, client.Prefix(c.cf.prefix), client.Timeout(c.cf.timeout),
+		cl, err := client.New(nc, client.Prefix(c.Prefix), client.Timeout(c.Timeout),
 			client.Leasing(fmt.Sprintf("bench-%s-%d", plan.run, h)))
 		if err != nil {
-			return err
+			return nil, err
 		}
-		lb.holders[h] = &leasedHolder{nc: nc, cl: cl, leases: make([]*client.Lease, c.keys)}
+		lb.holders[h] = &leasedHolder{nc: nc, cl: cl, leases: make([]*client.Lease, c.Keys)}
 	}
-	perHolder := max((c.concurrency+c.holders-1)/c.holders, 1)
+	perHolder := max((c.Concurrency+c.Holders-1)/c.Holders, 1)
 	l := pol.Lease
 	logf(progress, "bench: policy %s (revision %d): token_bucket %s burst %s per key, mode leased, grants of %s for %s, max_outstanding %s",
-		plan.policyName, rev, c.rate, c.burst, formatUnits(l.Size), l.TTL, formatUnits(l.MaxOutstanding))
-	logf(progress, "bench: %d holders over %d region(s), %d workers each, demand shifting every %v", c.holders, regions, perHolder, c.shift)
+		plan.policyName, rev, c.Rate, c.Burst, units(l.Size), l.TTL, units(l.MaxOutstanding))
+	logf(progress, "bench: %d holders over %d region(s), %d workers each, demand shifting every %v", c.Holders, regions, perHolder, c.Shift)
 
 	stopClock := lb.startClock()
 	defer stopClock()
 	echo, decide := &leasedPhase{}, &leasedPhase{}
-	for _, sl := range interleave(c.echoDuration, c.duration, c.rounds) {
+	for _, sl := range interleave(c.EchoDuration, c.Duration, c.Rounds) {
 		if sl.decide {
-			logf(progress, "bench: decide %d/%d (%v)", sl.round, c.rounds, sl.d)
+			logf(progress, "bench: decide %d/%d (%v)", sl.round, c.Rounds, sl.d)
 			lb.runSlice(ctx, decide, true, perHolder, sl.d)
 		} else {
-			logf(progress, "bench: echo %d/%d (%v)", sl.round, c.rounds, sl.d)
+			logf(progress, "bench: echo %d/%d (%v)", sl.round, c.Rounds, sl.d)
 			lb.runSlice(ctx, echo, false, perHolder, sl.d)
 		}
 	}
-	if err := writeHeapProfile(c.memProfile); err != nil {
-		return err
+	if err := writeHeapProfile(c.MemProfile); err != nil {
+		return nil, err
 	}
 	for _, h := range lb.holders {
 		_ = h.cl.Close() // return what the holders hold
 	}
 	rep := lb.report(echo, decide, regions)
 	rep.RSSPeakMB = peakRSSMB()
-	rep.print(s.out, c, plan)
-	fmt.Fprintf(s.out, "leased: %d holders, %d region(s), shift %v: utilization %.4f, local fraction %.4f, bound %s units (max_outstanding %s × %d keys)\n",
-		c.holders, regions, c.shift, *rep.Utilization, *rep.LocalFraction, formatUnits(int64(*rep.Bound*float64(kvstate.Unit))),
-		formatUnits(l.MaxOutstanding), rep.KeysAdmitted)
-	if c.jsonOut {
-		b, _ := json.Marshal(rep)
-		fmt.Fprintln(s.out, string(b))
-	}
-	if over := lb.overBound(); over > 0 {
-		return fmt.Errorf("leased mode admitted more than the contract plus max_outstanding on %d keys: this is a bug", over)
-	}
-	return nil
+	rep.KeysOverBound = lb.overBound()
+	return rep, nil
 }
 
 // leasedBench is one leased run's shared parts.
 type leasedBench struct {
-	c       *benchConfig
+	c       *Config
 	plan    *benchPlan
 	pol     *policies.Policy
 	dist    *keyDist
@@ -247,10 +237,10 @@ func (lb *leasedBench) startClock() func() {
 
 // busy reports whether holder h is busy at decide time t.
 func (lb *leasedBench) busy(h int, t time.Duration) bool {
-	if lb.c.shift <= 0 || len(lb.holders) == 1 {
+	if lb.c.Shift <= 0 || len(lb.holders) == 1 {
 		return true
 	}
-	return (h+int(t/lb.c.shift))%2 == 0
+	return (h+int(t/lb.c.Shift))%2 == 0
 }
 
 // leasedPhase is what one phase counted over its slices.
@@ -291,7 +281,7 @@ func (lb *leasedBench) runSlice(ctx context.Context, ph *leasedPhase, decide boo
 		for w := range perHolder {
 			idx := h*perHolder + w
 			res := &results[idx]
-			picker := lb.dist.picker(lb.c.seed, uint64(idx))
+			picker := lb.dist.picker(lb.c.Seed, uint64(idx))
 			wg.Go(func() {
 				var i int64
 				for !stop.Load() {
@@ -312,7 +302,7 @@ func (lb *leasedBench) runSlice(ctx context.Context, ph *leasedPhase, decide boo
 					if decide {
 						lb.decideOne(ctx, holder, picker.next(), res)
 					} else {
-						if _, err := holder.nc.Request(lb.plan.echoSubj, echoBody, lb.c.cf.timeout); err != nil {
+						if _, err := holder.nc.Request(lb.plan.echoSubj, echoBody, lb.c.Timeout); err != nil {
 							res.errors++
 							continue
 						}
@@ -373,7 +363,7 @@ func (lb *leasedBench) decideOne(ctx context.Context, holder *leasedHolder, k in
 		lb.tally[k].add(cost, sent, lb.coarse.Load()+2*int64(coarseTick))
 		return
 	}
-	r, err := l.Decide(ctx, 1, client.Cost(lb.c.cost))
+	r, err := l.Decide(ctx, 1, client.Cost(lb.c.Cost))
 	switch {
 	case err != nil:
 		res.errors++
@@ -416,7 +406,7 @@ func (lb *leasedBench) overBound() int {
 }
 
 // report builds the run's report, the leased fields included.
-func (lb *leasedBench) report(echo, decide *leasedPhase, regions int) *benchReport {
+func (lb *leasedBench) report(echo, decide *leasedPhase, regions int) *Report {
 	c := lb.c
 	ms := func(ns int64) float64 { return math.Round(float64(ns)/1e3) / 1e3 }
 	perSec := func(n int64, d time.Duration) float64 {
@@ -425,12 +415,13 @@ func (lb *leasedBench) report(echo, decide *leasedPhase, regions int) *benchRepo
 		}
 		return math.Round(float64(n) / d.Seconds())
 	}
-	rep := &benchReport{
-		Mode: c.mode, Keys: c.keys, Zipf: c.zipf, Concurrency: c.concurrency, Conns: c.holders,
-		Cost: c.cost, Rate: c.rate, Burst: c.burst,
+	rep := &Report{
+		Policy: lb.plan.policyName, Lease: lb.pol.Lease,
+		Mode: string(c.Mode), Keys: c.Keys, Zipf: c.Zipf, Concurrency: c.Concurrency, Conns: c.Holders,
+		Cost: c.Cost, Rate: c.Rate, Burst: c.Burst,
 		DurationS:     math.Round(decide.elapsed.Seconds()*1e3) / 1e3,
 		EchoDurationS: math.Round(echo.elapsed.Seconds()*1e3) / 1e3,
-		Rounds:        c.rounds,
+		Rounds:        c.Rounds,
 		Decisions:     decide.n,
 		DecisionsPerS: perSec(decide.n, decide.elapsed),
 		EchoRequests:  echo.n,
@@ -448,9 +439,9 @@ func (lb *leasedBench) report(echo, decide *leasedPhase, regions int) *benchRepo
 		Unavailable:   decide.unavail,
 		Unmatched:     decide.unmatch,
 		EchoErrors:    echo.errors,
-		Holders:       c.holders,
+		Holders:       c.Holders,
 		Regions:       regions,
-		ShiftS:        c.shift.Seconds(),
+		ShiftS:        c.Shift.Seconds(),
 	}
 	if rep.EchoPerS > 0 {
 		rep.Ratio = math.Round(rep.DecisionsPerS/rep.EchoPerS*1e4) / 1e4

@@ -1,11 +1,10 @@
-package cli
+package bench
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -42,28 +41,22 @@ import (
 // load's decisions/s and p99 (with a --rate high enough that every
 // measured request is admitted, its p99 is the admitted p99).
 
-// floodConfig is the flood's flags.
-type floodConfig struct {
-	factor float64 // 0: no flood
-	rate   string
-	burst  string
+// FloodConfig is the flood (--flood, --flood-rate, --flood-burst).
+type FloodConfig struct {
+	Factor float64 // of the flood tenant's capacity offered; 0: no flood
+	Rate   string  // token_bucket rate of the flood tenant's key (its capacity)
+	Burst  string  // token_bucket burst of the flood tenant's key
 }
 
 // floodMaxOutstanding bounds the flood's unanswered requests.
 const floodMaxOutstanding = 20_000
 
-func (f *floodConfig) register(fs *flag.FlagSet) {
-	fs.Float64Var(&f.factor, "flood", 0, "offer a flood of F times the flood tenant's capacity (--flood-rate) on its one key, next to the measured load (0: none)")
-	fs.StringVar(&f.rate, "flood-rate", "1000/s", "token_bucket rate of the flood tenant's key (its capacity)")
-	fs.StringVar(&f.burst, "flood-burst", "100", "token_bucket burst of the flood tenant's key")
-}
-
-func (f *floodConfig) validate() error {
-	if f.factor == 0 {
+func (f *FloodConfig) validate() error {
+	if f.Factor == 0 {
 		return nil
 	}
-	if f.factor < 0 || f.factor > 1e6 || math.IsNaN(f.factor) {
-		return fmt.Errorf("--flood %g: must be 0..1000000", f.factor)
+	if f.Factor < 0 || f.Factor > 1e6 || math.IsNaN(f.Factor) {
+		return fmt.Errorf("--flood %g: must be 0..1000000", f.Factor)
 	}
 	if _, err := f.perSecond(); err != nil {
 		return err
@@ -72,30 +65,30 @@ func (f *floodConfig) validate() error {
 }
 
 // policyDoc is the flood tenant's policy for run in mode.
-func (f *floodConfig) policyDoc(run, mode string) []byte {
-	rate, _ := json.Marshal(f.rate)
+func (f *FloodConfig) policyDoc(run, mode string) []byte {
+	rate, _ := json.Marshal(f.Rate)
 	return fmt.Appendf(nil, `{"match":{"bench_run":%q,"bench_flood":"1"},"key":["bench_run","bench_flood"],`+
 		`"limits":[{"name":"rate","algorithm":"token_bucket","rate":%s,"burst":%s}],`+
-		`"mode":%q,"description":"limitmesh bench flood %s"}`, run, rate, burstJSON(f.burst), mode, run)
+		`"mode":%q,"description":"limitmesh bench flood %s"}`, run, rate, burstJSON(f.Burst), mode, run)
 }
 
 // perSecond returns the requests per second the flood offers: factor
 // times --flood-rate.
-func (f *floodConfig) perSecond() (float64, error) {
+func (f *FloodConfig) perSecond() (float64, error) {
 	p, err := policies.Parse("bench-flood", f.policyDoc("x", "strict"))
 	if err != nil {
-		return 0, fmt.Errorf("--flood-rate %q / --flood-burst %q: %v", f.rate, f.burst, err)
+		return 0, fmt.Errorf("--flood-rate %q / --flood-burst %q: %v", f.Rate, f.Burst, err)
 	}
 	l := p.Limits[0].Limit
 	per := l.RatePer
 	if per == 0 {
 		per = kvstate.Second
 	}
-	return f.factor * float64(l.Rate) / float64(kvstate.Unit) * float64(kvstate.Second) / float64(per), nil
+	return f.Factor * float64(l.Rate) / float64(kvstate.Unit) * float64(kvstate.Second) / float64(per), nil
 }
 
-// floodReport is the flood's part of the --json line.
-type floodReport struct {
+// FloodReport is the flood's part of the --json line.
+type FloodReport struct {
 	Factor     float64 `json:"factor"`
 	Rate       string  `json:"rate"`
 	OfferedPS  float64 `json:"offered_per_sec"`
@@ -111,7 +104,7 @@ type floodReport struct {
 
 // flood is a running flood load.
 type flood struct {
-	cfg     *floodConfig
+	cfg     *FloodConfig
 	perSec  float64
 	nc      *nats.Conn
 	subject string
@@ -131,17 +124,17 @@ type flood struct {
 // returned cleanup, with the load stopped), waits until a node decides
 // with it, and starts the load on a connection of its own. It returns a
 // nil flood when --flood is 0.
-func startFlood(ctx context.Context, c *benchConfig, plan *benchPlan, kv jetstream.KeyValue,
+func startFlood(ctx context.Context, c *Config, plan *benchPlan, kv jetstream.KeyValue,
 	connect func(string) (*nats.Conn, error), progress io.Writer) (*flood, func(), error) {
-	if c.flood.factor == 0 {
+	if c.Flood.Factor == 0 {
 		return nil, func() {}, nil
 	}
-	perSec, err := c.flood.perSecond()
+	perSec, err := c.Flood.perSecond()
 	if err != nil {
 		return nil, nil, err
 	}
 	name := "bench-flood-" + plan.run
-	doc := c.flood.policyDoc(plan.run, c.mode)
+	doc := c.Flood.policyDoc(plan.run, string(c.Mode))
 	var undo []func()
 	cleanup := func() {
 		for i := len(undo) - 1; i >= 0; i-- {
@@ -163,10 +156,10 @@ func startFlood(ctx context.Context, c *benchConfig, plan *benchPlan, kv jetstre
 		return nil, nil, err
 	}
 	undo = append(undo, nc.Close)
-	f := &flood{cfg: &c.flood, perSec: perSec, nc: nc, subject: plan.decideSubj,
-		body:  fmt.Appendf(nil, `{"descriptor":{"bench_run":%q,"bench_flood":"1"},"cost":%s}`, plan.run, strconv.Quote(c.cost)),
+	f := &flood{cfg: &c.Flood, perSec: perSec, nc: nc, subject: plan.decideSubj,
+		body:  fmt.Appendf(nil, `{"descriptor":{"bench_run":%q,"bench_flood":"1"},"cost":%s}`, plan.run, strconv.Quote(c.Cost)),
 		inbox: nc.NewInbox(), stop: make(chan struct{})}
-	if err := f.waitPolicy(ctx, name, rev, c.cf.timeout); err != nil {
+	if err := f.waitPolicy(ctx, name, rev, c.Timeout); err != nil {
 		cleanup()
 		return nil, nil, err
 	}
@@ -177,7 +170,7 @@ func startFlood(ctx context.Context, c *benchConfig, plan *benchPlan, kv jetstre
 	}
 	_ = f.sub.SetPendingLimits(-1, -1)
 	logf(progress, "bench: flood policy %s (revision %d): token_bucket %s burst %s; offering %.0f requests/s (%g x its rate)",
-		name, rev, c.flood.rate, c.flood.burst, perSec, c.flood.factor)
+		name, rev, c.Flood.Rate, c.Flood.Burst, perSec, c.Flood.Factor)
 	f.start = time.Now()
 	f.wg.Add(1)
 	go f.run()
@@ -274,13 +267,13 @@ func (f *flood) halt() {
 
 // report stops the flood (if it still runs) and returns its figures; nil
 // for no flood.
-func (f *flood) report() *floodReport {
+func (f *flood) report() *FloodReport {
 	if f == nil {
 		return nil
 	}
 	f.halt()
-	r := &floodReport{
-		Factor: f.cfg.factor, Rate: f.cfg.rate, OfferedPS: math.Round(f.perSec),
+	r := &FloodReport{
+		Factor: f.cfg.Factor, Rate: f.cfg.Rate, OfferedPS: math.Round(f.perSec),
 		Sent: f.sent.Load(), Admitted: f.admitted.Load(), Denied: f.denied.Load(),
 		Errors: f.errors.Load(), Skipped: f.skipped.Load(),
 		DurationS:  math.Round(f.elapsed.Seconds()*1e3) / 1e3,
@@ -290,15 +283,6 @@ func (f *flood) report() *floodReport {
 		r.RepliesPS = math.Round(float64(f.replies.Load()) / f.elapsed.Seconds())
 	}
 	return r
-}
-
-// print writes the flood's line of the human-readable report.
-func (r *floodReport) print(w io.Writer) {
-	if r == nil {
-		return
-	}
-	fmt.Fprintf(w, "flood: %g x %s offered %.0f/s: sent %d, %.0f replies/s, admitted %d, denied %d, errors %d, skipped %d, unanswered %d\n",
-		r.Factor, r.Rate, r.OfferedPS, r.Sent, r.RepliesPS, r.Admitted, r.Denied, r.Errors, r.Skipped, r.Unanswered)
 }
 
 // maxKeysJSON is the bench policy's max_keys field, or nothing.

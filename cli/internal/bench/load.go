@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 
 // benchRun is one run's shared parts.
 type benchRun struct {
-	c        *benchConfig
+	c        *Config
 	plan     *benchPlan
 	dist     *keyDist
 	load     []*inboxConn
@@ -118,13 +118,13 @@ type phase struct {
 // admitted, added to its key's tally.
 func (r *benchRun) newPhase(name, subject string, tally []keyTally) *phase {
 	c := r.c
-	p := &phase{name: name, subject: subject, tally: tally, workers: make([]*worker, c.concurrency)}
+	p := &phase{name: name, subject: subject, tally: tally, workers: make([]*worker, c.Concurrency)}
 	next := make([]int, len(r.load))
 	for i := range p.workers {
 		conn := i % len(r.load)
 		p.workers[i] = &worker{
 			slot: r.load[conn].slots[next[conn]],
-			pick: r.dist.picker(c.seed, uint64(i)),
+			pick: r.dist.picker(c.Seed, uint64(i)),
 			hist: new(latencyHist),
 		}
 		next[conn]++
@@ -176,7 +176,7 @@ wait:
 			done, errs := p.sum()
 			el := p.elapsed + time.Since(start)
 			logf(r.progress, "  %-6s %d/%d %5.1fs  %9.0f/s (last second %9d/s)  errors %d",
-				p.name, sl.round, r.c.rounds, el.Seconds(), float64(done)/el.Seconds(), done-lastDone, errs)
+				p.name, sl.round, r.c.Rounds, el.Seconds(), float64(done)/el.Seconds(), done-lastDone, errs)
 			lastDone = done
 		case <-end.C:
 			stop.Store(true)
@@ -214,7 +214,7 @@ func (p *phase) result() *phaseResult {
 
 // work is one worker's loop until stop (one slice).
 func (r *benchRun) work(w *worker, subject string, stop *atomic.Bool, tally []keyTally) {
-	timeout, base := r.c.cf.timeout, r.base
+	timeout, base := r.c.Timeout, r.base
 	for !stop.Load() {
 		k := w.pick.next()
 		w.body = r.plan.appendBody(w.body[:0], k)
@@ -377,4 +377,12 @@ func (s *inboxSlot) request(subject string, body []byte, timeout time.Duration) 
 			return nil, nats.ErrTimeout
 		}
 	}
+}
+
+// decideReply is what bench reads of a decide reply.
+type decideReply struct {
+	Allowed   bool        `json:"allowed"`
+	Policy    string      `json:"policy"`
+	Revision  uint64      `json:"revision"`
+	Remaining json.Number `json:"remaining"`
 }

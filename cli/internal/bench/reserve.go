@@ -1,11 +1,10 @@
-package cli
+package bench
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -85,82 +84,54 @@ import (
 // endAttempts bounds the sends of one settle or release.
 const endAttempts = 3
 
-// reserveFlags are the flags of the reserve modes.
-type reserveFlags struct {
-	ttl        time.Duration
-	leakWait   time.Duration // 0: the default (leakWaitFor)
-	hold       time.Duration
-	slots      string // "": --concurrency / --keys / 2, at least 1
-	randomCost bool
-	abandon    float64
-	metricsURL string // comma-separated /metrics URLs of a deployment's nodes
+// ReserveConfig is the reservation modes' settings.
+type ReserveConfig struct {
+	TTL         time.Duration // the reservations' ttl
+	LeakWait    time.Duration // the leak check's longest wait; 0: the default (leakWaitFor)
+	Hold        time.Duration // Concurrency: the longest a worker holds a slot
+	Slots       string        // Concurrency: units each key may hold at once; "": see Config.Slots
+	RandomCost  bool          // each reserve's cost is uniform in 0.000001..Cost
+	Abandon     float64       // the fraction of admitted reservations never ended
+	MetricsURLs []string      // with Dial: the nodes' /metrics URLs
 }
 
-// reserveFlagNames are the flags only the reserve modes take.
-var reserveFlagNames = []string{"ttl", "leak-wait", "hold", "slots", "random-cost", "abandon", "metrics-url"}
-
-func (f *reserveFlags) register(fs *flag.FlagSet) {
-	fs.DurationVar(&f.ttl, "ttl", 2*time.Second, "reserve, concurrency: the reservations' ttl")
-	fs.DurationVar(&f.leakWait, "leak-wait", 0, "reserve, concurrency: how long to wait after the run for every key to be full again and no reservation open "+
-		"(default: --ttl, or a reserve key's time to fill up if longer, plus 2s)")
-	fs.DurationVar(&f.hold, "hold", 2*time.Millisecond, "concurrency: the longest a worker holds a slot (each hold is uniform in 0..--hold)")
-	fs.StringVar(&f.slots, "slots", "", "concurrency: units each key may hold at once (default: --concurrency / --keys / 2, at least 1)")
-	fs.BoolVar(&f.randomCost, "random-cost", false, "reserve, concurrency: each reserve's cost is uniform in 0.000001..--cost")
-	fs.Float64Var(&f.abandon, "abandon", 0, "reserve, concurrency: the fraction of admitted reservations a worker never settles or releases (they expire after --ttl)")
-	fs.StringVar(&f.metricsURL, "metrics-url", "", "reserve, concurrency: with --nats-url, the nodes' /metrics URLs (comma-separated) to read limitmesh_reservations_open from")
-}
-
-// isReserveMode reports whether mode is one of the reservation modes.
-func isReserveMode(mode string) bool { return mode == "reserve" || mode == "concurrency" }
-
-func (f *reserveFlags) validate(c *benchConfig) error {
+func (f *ReserveConfig) validate(c *Config) error {
 	switch {
-	case f.ttl < time.Millisecond || f.ttl > policies.MaxReservationTTL:
-		return fmt.Errorf("--ttl %v: must be 1ms..%v", f.ttl, policies.MaxReservationTTL)
-	case f.leakWait < 0:
-		return fmt.Errorf("--leak-wait %v: must not be negative", f.leakWait)
-	case f.hold < 0:
-		return fmt.Errorf("--hold %v: must not be negative", f.hold)
-	case f.hold >= f.ttl:
-		return fmt.Errorf("--hold %v: must be below --ttl %v (a slot would expire while held)", f.hold, f.ttl)
-	case f.abandon < 0 || f.abandon > 1:
-		return fmt.Errorf("--abandon %v: must be 0..1", f.abandon)
-	case c.candidates > 0 || c.flood.factor > 0:
-		return fmt.Errorf("--candidates and --flood are for the decide modes, not --mode %s", c.mode)
-	case f.metricsURL != "" && !c.external:
+	case f.TTL < time.Millisecond || f.TTL > policies.MaxReservationTTL:
+		return fmt.Errorf("--ttl %v: must be 1ms..%v", f.TTL, policies.MaxReservationTTL)
+	case f.LeakWait < 0:
+		return fmt.Errorf("--leak-wait %v: must not be negative", f.LeakWait)
+	case f.Hold < 0:
+		return fmt.Errorf("--hold %v: must not be negative", f.Hold)
+	case f.Hold >= f.TTL:
+		return fmt.Errorf("--hold %v: must be below --ttl %v (a slot would expire while held)", f.Hold, f.TTL)
+	case f.Abandon < 0 || f.Abandon > 1:
+		return fmt.Errorf("--abandon %v: must be 0..1", f.Abandon)
+	case c.Candidates > 0 || c.Flood.Factor > 0:
+		return fmt.Errorf("--candidates and --flood are for the decide modes, not --mode %s", c.Mode)
+	case len(f.MetricsURLs) > 0 && !c.external():
 		return errors.New("--metrics-url is for a deployment (--nats-url); bench reads the embedded node's metrics itself")
 	}
-	for _, u := range f.urls() {
+	for _, u := range f.MetricsURLs {
 		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
 			return fmt.Errorf("--metrics-url %q: want http:// or https:// URLs", u)
 		}
 	}
-	if f.slots != "" {
-		if _, err := policies.ParseCost(f.slots); err != nil {
-			return fmt.Errorf("--slots %q: %v", f.slots, err)
+	if f.Slots != "" {
+		if _, err := policies.ParseCost(f.Slots); err != nil {
+			return fmt.Errorf("--slots %q: %v", f.Slots, err)
 		}
 	}
 	return nil
 }
 
-// urls returns the --metrics-url list.
-func (f *reserveFlags) urls() []string {
-	var out []string
-	for u := range strings.SplitSeq(f.metricsURL, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			out = append(out, u)
-		}
+// Slots returns the concurrency limit of a Concurrency run: Reserve.Slots,
+// or Concurrency / Keys / 2, at least 1.
+func (c *Config) Slots() string {
+	if c.Reserve.Slots != "" {
+		return c.Reserve.Slots
 	}
-	return out
-}
-
-// slotsFor returns the concurrency limit of a run: --slots, or
-// --concurrency / --keys / 2, at least 1.
-func (f *reserveFlags) slotsFor(c *benchConfig) string {
-	if f.slots != "" {
-		return f.slots
-	}
-	return strconv.Itoa(max(1, c.concurrency/c.keys/2))
+	return strconv.Itoa(max(1, c.Concurrency/c.Keys/2))
 }
 
 // resPlan is the reservation part of a run's plan.
@@ -179,38 +150,38 @@ type resPlan struct {
 
 // reserveLimits returns the limits of the bench policy in a reserve mode
 // as a JSON array, and the flags they come from (for errors).
-func reserveLimits(c *benchConfig) (string, string) {
-	if c.mode == "concurrency" {
-		slots := c.res.slotsFor(c)
+func reserveLimits(c *Config) (string, string) {
+	if c.Mode == "concurrency" {
+		slots := c.Slots()
 		return fmt.Sprintf(`[{"name":"slots","algorithm":"concurrency","limit":%s}]`, burstJSON(slots)),
 			fmt.Sprintf("--slots %q", slots)
 	}
-	rate, _ := json.Marshal(c.rate)
-	return fmt.Sprintf(`[{"name":"rate","algorithm":"token_bucket","rate":%s,"burst":%s}]`, rate, burstJSON(c.burst)),
-		fmt.Sprintf("--rate %q / --burst %q", c.rate, c.burst)
+	rate, _ := json.Marshal(c.Rate)
+	return fmt.Sprintf(`[{"name":"rate","algorithm":"token_bucket","rate":%s,"burst":%s}]`, rate, burstJSON(c.Burst)),
+		fmt.Sprintf("--rate %q / --burst %q", c.Rate, c.Burst)
 }
 
 // planReservations completes p for a reserve mode: the measured phase's
 // first request is a reserve.
-func (p *benchPlan) planReservations(c *benchConfig) error {
+func (p *benchPlan) planReservations(c *Config) error {
 	rp := &resPlan{
-		concurrency: c.mode == "concurrency",
-		endSubj:     c.cf.prefix + ".v1.settle",
+		concurrency: c.Mode == "concurrency",
+		endSubj:     c.Prefix + ".v1.settle",
 		echoEndSubj: p.echoSubj + ".end",
-		ttl:         c.res.ttl,
+		ttl:         c.Reserve.TTL,
 		capacity:    p.limit.Burst,
-		randomCost:  c.res.randomCost,
-		abandon:     c.res.abandon,
+		randomCost:  c.Reserve.RandomCost,
+		abandon:     c.Reserve.Abandon,
 	}
 	if rp.concurrency {
-		rp.endSubj, rp.capacity, rp.hold = c.cf.prefix+".v1.release", p.limit.Limit, c.res.hold
+		rp.endSubj, rp.capacity, rp.hold = c.Prefix+".v1.release", p.limit.Limit, c.Reserve.Hold
 		if p.limit.Limit < p.cost {
-			return fmt.Errorf("--slots %s is below --cost %s: every acquire would be denied", c.res.slotsFor(c), c.cost)
+			return fmt.Errorf("--slots %s is below --cost %s: every acquire would be denied", c.Slots(), c.Cost)
 		}
 	}
-	p.decideSubj = c.cf.prefix + ".v1.reserve"
+	p.decideSubj = c.Prefix + ".v1.reserve"
 	rp.costPre = []byte(`"},"cost":"`)
-	rp.costPost = fmt.Appendf(nil, `","ttl":%q}`, c.res.ttl.String())
+	rp.costPost = fmt.Appendf(nil, `","ttl":%q}`, c.Reserve.TTL.String())
 	p.res = rp
 	return nil
 }
@@ -324,7 +295,7 @@ type resBench struct {
 // replies: the dry-run reply the policy wait got has no reservation in it.
 func newResBench(ctx context.Context, nc *nats.Conn, r *benchRun) (*resBench, error) {
 	p, c := r.plan, r.c
-	rb := &resBench{r: r, plan: p, rp: p.res, slots: make([]slotTally, c.keys), touched: make([]atomic.Bool, c.keys)}
+	rb := &resBench{r: r, plan: p, rp: p.res, slots: make([]slotTally, c.Keys), touched: make([]atomic.Bool, c.Keys)}
 	body := append(fmt.Appendf(nil, `{"descriptor":{"bench_run":%q,"key":"probe`, p.run), p.res.costPre...)
 	body = append(kvstate.AppendUnits(body, p.cost), p.res.costPost...)
 	msg, err := nc.RequestWithContext(ctx, p.decideSubj, body)
@@ -334,7 +305,7 @@ func newResBench(ctx context.Context, nc *nats.Conn, r *benchRun) (*resBench, er
 	allowed, ok := p.scanReply(msg.Data)
 	id, idOK := scanReservation(msg.Data)
 	if !allowed || !ok || !idOK {
-		return nil, fmt.Errorf("probe reservation of --cost %s on an unused key: not admitted: %s", c.cost, msg.Data)
+		return nil, fmt.Errorf("probe reservation of --cost %s on an unused key: not admitted: %s", c.Cost, msg.Data)
 	}
 	end, err := nc.RequestWithContext(ctx, p.res.endSubj, p.appendEnd(nil, id, 0))
 	if err != nil {
@@ -354,7 +325,7 @@ func (rb *resBench) attach(echo, measured *phase, tally []keyTally) {
 	rb.tally = tally
 	for _, ph := range []*phase{echo, measured} {
 		for i, w := range ph.workers {
-			w.res = &resWorker{rng: rand.New(rand.NewPCG(rb.r.c.seed, uint64(i)<<32|0xa5a5))}
+			w.res = &resWorker{rng: rand.New(rand.NewPCG(rb.r.c.Seed, uint64(i)<<32|0xa5a5))}
 		}
 	}
 	echo.loop = rb.echoLoop
@@ -398,7 +369,7 @@ func (rb *resBench) drawEnd(rw *resWorker, cost int64) (units int64, abandon boo
 // code is the service error code of an error reply ("" for none).
 func (rb *resBench) request(w *worker, subject string, body []byte) (msg *nats.Msg, code string, ok bool) {
 	w.res.requests++
-	msg, err := w.slot.request(subject, body, rb.r.c.cf.timeout)
+	msg, err := w.slot.request(subject, body, rb.r.c.Timeout)
 	if err != nil {
 		w.errs.Add(1)
 		if errors.Is(err, nats.ErrTimeout) {

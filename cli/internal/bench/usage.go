@@ -1,10 +1,8 @@
-package cli
+package bench
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"math"
 	"time"
 
@@ -23,34 +21,21 @@ import (
 // measureUsageLag measures the lag of the deployment js reaches; nil
 // figures and a note when there is none to measure (usage off, no stream,
 // a failed request).
-func measureUsageLag(ctx context.Context, js jetstream.JetStream, c *benchConfig) (lagMs *float64, pending *uint64, note string) {
-	if !c.usage {
+func measureUsageLag(ctx context.Context, js jetstream.JetStream, c *Config) (lagMs *float64, pending *uint64, note string) {
+	if !c.Usage {
 		return nil, nil, "off (--usage=false)"
 	}
-	mctx, cancel := context.WithTimeout(ctx, c.cf.timeout+5*time.Second)
+	mctx, cancel := context.WithTimeout(ctx, c.Timeout+5*time.Second)
 	defer cancel()
-	l, err := lmusage.MeasureLag(mctx, js, c.cf.prefix, time.Now())
+	l, err := lmusage.MeasureLag(mctx, js, c.Prefix, time.Now())
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil, nil, "none (no usage stream " + lmusage.StreamName(c.cf.prefix) + ": usage is off)"
+		return nil, nil, "none (no usage stream " + lmusage.StreamName(c.Prefix) + ": usage is off)"
 	case err != nil:
 		return nil, nil, "not measured: " + err.Error()
 	}
 	ms := math.Round(float64(l.Oldest.Microseconds())) / 1e3
 	return &ms, &l.Pending, ""
-}
-
-// printUsageLag writes the report's usage lag line.
-func (rep *benchReport) printUsageLag(w io.Writer) {
-	if rep.UsageLagMs == nil {
-		if rep.usageNote == "" {
-			return // not measured (leased mode)
-		}
-		fmt.Fprintf(w, "usage lag: %s\n", rep.usageNote)
-		return
-	}
-	fmt.Fprintf(w, "usage lag: %.3f s (%d usage batches not yet in the ledger at the end of the run)\n",
-		*rep.UsageLagMs/1e3, *rep.UsagePending)
 }
 
 // The usage stream's bytes per decision of a bench run: the bytes the
@@ -76,13 +61,13 @@ type usageStreamMark struct {
 
 // markUsageStream reads the usage stream's state; ok false when there is
 // none to read (usage off, no stream, a failed request).
-func markUsageStream(ctx context.Context, js jetstream.JetStream, c *benchConfig) (m usageStreamMark, ok bool) {
-	if !c.usage {
+func markUsageStream(ctx context.Context, js jetstream.JetStream, c *Config) (m usageStreamMark, ok bool) {
+	if !c.Usage {
 		return m, false
 	}
-	mctx, cancel := context.WithTimeout(ctx, c.cf.timeout+5*time.Second)
+	mctx, cancel := context.WithTimeout(ctx, c.Timeout+5*time.Second)
 	defer cancel()
-	s, err := js.Stream(mctx, lmusage.StreamName(c.cf.prefix))
+	s, err := js.Stream(mctx, lmusage.StreamName(c.Prefix))
 	if err != nil {
 		return m, false
 	}
@@ -96,7 +81,7 @@ func markUsageStream(ctx context.Context, js jetstream.JetStream, c *benchConfig
 
 // settleUsageStream waits until the usage stream's last sequence has not
 // moved for settle (at most limit), and returns its state then.
-func settleUsageStream(ctx context.Context, js jetstream.JetStream, c *benchConfig, settle, limit time.Duration) (usageStreamMark, bool) {
+func settleUsageStream(ctx context.Context, js jetstream.JetStream, c *Config, settle, limit time.Duration) (usageStreamMark, bool) {
 	deadline := time.Now().Add(limit)
 	last, ok := markUsageStream(ctx, js, c)
 	since := time.Now()
@@ -118,22 +103,23 @@ func settleUsageStream(ctx context.Context, js jetstream.JetStream, c *benchConf
 	return last, ok
 }
 
-// usageStreamCost is what the decide phase cost the usage stream.
-type usageStreamCost struct {
-	bytesPerDecision *float64
-	retentionHours   *float64 // nil: no limit bounds it
-	estimated        bool     // the stream discarded messages: bytes estimated
-	cfg              jetstream.StreamConfig
-	note             string
+// UsageStreamCost is what the decide phase cost the usage stream.
+type UsageStreamCost struct {
+	BytesPerDecision *float64      // nil: not measured (Note says why)
+	RetentionHours   *float64      // nil: no limit bounds it
+	Estimated        bool          // the stream discarded messages: bytes estimated
+	MaxBytes         int64         // the stream's limits (<= 0: none)
+	MaxAge           time.Duration //
+	Note             string
 }
 
 // usageCost computes the decide phase's usage stream cost from the
 // stream's state before and after it, the decisions and decisions per
 // second.
-func usageCost(before, after usageStreamMark, decisions int64, perSec float64) usageStreamCost {
-	out := usageStreamCost{cfg: after.cfg}
+func usageCost(before, after usageStreamMark, decisions int64, perSec float64) UsageStreamCost {
+	out := UsageStreamCost{MaxBytes: after.cfg.MaxBytes, MaxAge: after.cfg.MaxAge}
 	if decisions <= 0 {
-		out.note = "no decisions"
+		out.Note = "no decisions"
 		return out
 	}
 	newMsgs := after.lastSeq - min(before.lastSeq, after.lastSeq)
@@ -142,11 +128,11 @@ func usageCost(before, after usageStreamMark, decisions int64, perSec float64) u
 	case after.firstSeq == before.firstSeq || before.msgs == 0 && after.firstSeq <= before.lastSeq+1:
 		added = float64(after.bytes) - float64(before.bytes)
 	case after.msgs > 0:
-		out.estimated = true
+		out.Estimated = true
 		added = float64(newMsgs) * float64(after.bytes) / float64(after.msgs)
 	}
 	bpd := math.Round(max(0, added)/float64(decisions)*10) / 10
-	out.bytesPerDecision = &bpd
+	out.BytesPerDecision = &bpd
 	hold := math.Inf(1) // seconds
 	if after.cfg.MaxAge > 0 {
 		hold = after.cfg.MaxAge.Seconds()
@@ -159,7 +145,7 @@ func usageCost(before, after usageStreamMark, decisions int64, perSec float64) u
 	}
 	if !math.IsInf(hold, 1) {
 		h := math.Round(hold/3600*1000) / 1000
-		out.retentionHours = &h
+		out.RetentionHours = &h
 	}
 	return out
 }
@@ -167,12 +153,12 @@ func usageCost(before, after usageStreamMark, decisions int64, perSec float64) u
 // measureUsageCost sets the report's usage stream figures from the
 // stream's state before the decide phase (ok false: none) and once it
 // settled after it.
-func (rep *benchReport) measureUsageCost(ctx context.Context, js jetstream.JetStream, c *benchConfig, before usageStreamMark, ok bool) {
+func (rep *Report) measureUsageCost(ctx context.Context, js jetstream.JetStream, c *Config, before usageStreamMark, ok bool) {
 	switch {
 	case !ok:
 		return
-	case c.flood.factor > 0:
-		rep.usageCost = &usageStreamCost{note: "bytes per decision not measured with --flood (its decisions share the stream)"}
+	case c.Flood.Factor > 0:
+		rep.UsageCost = &UsageStreamCost{Note: "bytes per decision not measured with --flood (its decisions share the stream)"}
 		return
 	}
 	after, ok := settleUsageStream(ctx, js, c, time.Second, 10*time.Second)
@@ -180,52 +166,5 @@ func (rep *benchReport) measureUsageCost(ctx context.Context, js jetstream.JetSt
 		return
 	}
 	u := usageCost(before, after, rep.Decisions, rep.DecisionsPerS)
-	rep.UsageBytesPerDecision, rep.UsageRetentionHours, rep.usageCost = u.bytesPerDecision, u.retentionHours, &u
-}
-
-// printUsageBytes writes the report's usage stream line.
-func (rep *benchReport) printUsageBytes(w io.Writer, c *benchConfig) {
-	u := rep.usageCost
-	if u == nil {
-		return
-	}
-	if u.bytesPerDecision == nil {
-		if u.note != "" {
-			fmt.Fprintf(w, "usage stream: %s\n", u.note)
-		}
-		return
-	}
-	est := ""
-	if u.estimated {
-		est = " (estimated: the stream was full and discarded its oldest messages)"
-	}
-	fmt.Fprintf(w, "usage stream: %.1f bytes per decision%s\n", *u.bytesPerDecision, est)
-	limits := fmt.Sprintf("max bytes %s, max age %s", formatBytes(u.cfg.MaxBytes), formatAge(u.cfg.MaxAge))
-	if u.retentionHours == nil {
-		fmt.Fprintf(w, "usage retention: unbounded (%s)\n", limits)
-		return
-	}
-	fmt.Fprintf(w, "usage retention: %.3f h at %.0f decisions/s (%.1f MB/s; %s)\n",
-		*u.retentionHours, rep.DecisionsPerS, *u.bytesPerDecision*rep.DecisionsPerS/1e6, limits)
-}
-
-// formatBytes formats a stream's byte limit (<= 0: none).
-func formatBytes(n int64) string {
-	switch {
-	case n <= 0:
-		return "none"
-	case n%(1<<30) == 0:
-		return fmt.Sprintf("%d GiB", n>>30)
-	case n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	}
-	return fmt.Sprintf("%d bytes", n)
-}
-
-// formatAge formats a stream's age limit (0: none).
-func formatAge(d time.Duration) string {
-	if d <= 0 {
-		return "none"
-	}
-	return d.String()
+	rep.UsageBytesPerDecision, rep.UsageRetentionHours, rep.UsageCost = u.BytesPerDecision, u.RetentionHours, &u
 }

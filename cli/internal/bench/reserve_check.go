@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,9 +51,9 @@ const leakPoll = 50 * time.Millisecond
 // leakMargin is added to the longer of --ttl and a key's time to fill.
 const leakMargin = 2 * time.Second
 
-// resReport is the reserve modes' part of the report (embedded in
-// benchReport, its fields are the --json line's).
-type resReport struct {
+// ResReport is the reserve modes' part of the report (embedded in
+// Report, its fields are the --json line's).
+type ResReport struct {
 	Requests        int64   `json:"requests"`
 	CPUPerPairUs    float64 `json:"cpu_us_per_pair"`
 	CPUPerRequestUs float64 `json:"cpu_us_per_request"`
@@ -73,17 +74,17 @@ type resReport struct {
 	OpenReservations  *float64           `json:"open_reservations,omitempty"`
 	ReservationsEnded map[string]float64 `json:"reservations_ended,omitempty"`
 	LeakWaitS         float64            `json:"leak_wait_s"`
-	leakWait          time.Duration      // the longest the check could wait
-	leakedMicro       int64
-	metricsErr        error
+	LeakWait          time.Duration      `json:"-"` // the longest the check could wait
+	LeakedMicro       int64              `json:"-"` // LeakedUnits in micro-units
+	MetricsErr        error              `json:"-"` // why OpenReservations is nil, against a node whose metrics were read
 }
 
 // leakWaitFor returns how long the leak check may wait.
-func leakWaitFor(c *benchConfig, l kvstate.Limit) time.Duration {
-	if c.res.leakWait > 0 {
-		return c.res.leakWait
+func leakWaitFor(c *Config, l kvstate.Limit) time.Duration {
+	if c.Reserve.LeakWait > 0 {
+		return c.Reserve.LeakWait
 	}
-	wait := c.res.ttl
+	wait := c.Reserve.TTL
 	if l.Algorithm == kvstate.TokenBucket && l.Rate > 0 {
 		per := l.RatePer
 		if per == 0 {
@@ -97,7 +98,7 @@ func leakWaitFor(c *benchConfig, l kvstate.Limit) time.Duration {
 
 // checkLeaks runs the leak check over the load connections' slots (idle
 // after the run) and fills rep's leak fields.
-func (rb *resBench) checkLeaks(ctx context.Context, rep *resReport, metricsURLs []string, progress io.Writer) {
+func (rb *resBench) checkLeaks(ctx context.Context, rep *ResReport, metricsURLs []string, progress io.Writer) {
 	c := rb.r.c
 	var pending []int
 	for k := range rb.touched {
@@ -107,30 +108,30 @@ func (rb *resBench) checkLeaks(ctx context.Context, rep *resReport, metricsURLs 
 	}
 	rep.KeysChecked = len(pending)
 	wait := leakWaitFor(c, rb.plan.limit)
-	rep.leakWait = wait
+	rep.LeakWait = wait
 	logf(progress, "bench: leak check: %d keys back to full and no reservation open, waiting up to %v", len(pending), wait)
 	start := time.Now()
 	deadline := start.Add(wait)
 	for {
 		var missing int64
 		pending, missing = rb.dryRunKeys(pending)
-		rep.leakedMicro, rep.LeakedKeys = missing, len(pending)
-		rep.OpenReservations, rep.ReservationsEnded, rep.metricsErr = nil, nil, nil
+		rep.LeakedMicro, rep.LeakedKeys = missing, len(pending)
+		rep.OpenReservations, rep.ReservationsEnded, rep.MetricsErr = nil, nil, nil
 		if len(metricsURLs) > 0 {
-			open, ended, err := scrapeReservations(ctx, metricsURLs, rb.plan.policyName, c.cf.timeout)
+			open, ended, err := scrapeReservations(ctx, metricsURLs, rb.plan.policyName, c.Timeout)
 			if err != nil {
-				rep.metricsErr = err
+				rep.MetricsErr = err
 			} else {
 				rep.OpenReservations, rep.ReservationsEnded = &open, ended
 			}
 		}
-		clean := len(pending) == 0 && rep.metricsErr == nil && (rep.OpenReservations == nil || *rep.OpenReservations == 0)
+		clean := len(pending) == 0 && rep.MetricsErr == nil && (rep.OpenReservations == nil || *rep.OpenReservations == 0)
 		if clean || !time.Now().Before(deadline) || !sleepCtx(ctx, min(leakPoll, time.Until(deadline))) {
 			break
 		}
 	}
 	rep.LeakWaitS = math.Round(time.Since(start).Seconds()*1e3) / 1e3
-	rep.LeakedUnits = float64(rep.leakedMicro) / float64(kvstate.Unit)
+	rep.LeakedUnits = float64(rep.LeakedMicro) / float64(kvstate.Unit)
 }
 
 // dryRunKeys asks, for each key in keys, a dry-run reserve of its whole
@@ -175,7 +176,7 @@ func (rb *resBench) dryRunKeys(keys []int) (notFull []int, missing int64) {
 // dryRun sends one dry-run reserve; full when admitted, else the units the
 // key misses (0 when unknown: no reply, or one bench cannot read).
 func (rb *resBench) dryRun(s *inboxSlot, body []byte) (full bool, missing int64) {
-	msg, err := s.request(rb.plan.decideSubj, body, rb.r.c.cf.timeout)
+	msg, err := s.request(rb.plan.decideSubj, body, rb.r.c.Timeout)
 	if err != nil || msg.Header.Get("Nats-Service-Error-Code") != "" {
 		return false, 0
 	}
@@ -304,9 +305,9 @@ func promSample(line []byte) (name string, labels map[string]string, v float64, 
 
 // reserveReport fills the reserve modes' figures of rep from the phases,
 // and runs the leak check.
-func (rb *resBench) reserveReport(ctx context.Context, rep *benchReport, echo, measured *phase, metricsURLs []string, progress io.Writer) {
+func (rb *resBench) reserveReport(ctx context.Context, rep *Report, echo, measured *phase, metricsURLs []string, progress io.Writer) {
 	c := rb.r.c
-	rr := &resReport{TTL: c.res.ttl.String(), RandomCost: rb.rp.randomCost, Abandon: rb.rp.abandon}
+	rr := &ResReport{TTL: c.Reserve.TTL.String(), RandomCost: rb.rp.randomCost, Abandon: rb.rp.abandon}
 	for _, w := range measured.workers {
 		rr.Requests += w.res.requests
 		rr.Abandoned += w.res.abandoned
@@ -318,7 +319,7 @@ func (rb *resBench) reserveReport(ctx context.Context, rep *benchReport, echo, m
 		rr.CPUPerPairUs = math.Round(2*float64(measured.cpu.Nanoseconds())/float64(rr.Requests)/10) / 100
 	}
 	if rb.rp.concurrency {
-		rr.Slots = c.res.slotsFor(c)
+		rr.Slots = c.Slots()
 		rr.HoldMaxMs = float64(rb.rp.hold.Microseconds()) / 1e3
 		rep.OvershootMicro, rep.OvershootKeys = 0, 0
 		for i := range rb.slots {
@@ -330,63 +331,16 @@ func (rb *resBench) reserveReport(ctx context.Context, rep *benchReport, echo, m
 		rep.Overshoot = float64(rep.OvershootMicro) / float64(kvstate.Unit)
 	}
 	rb.checkLeaks(ctx, rr, metricsURLs, progress)
-	rep.resReport = rr
+	rep.ResReport = rr
 }
 
-// reserveVerdict is the run's error when the reservations misbehaved:
-// overshoot, units missing from keys, or reservations left open.
-func (rep *benchReport) reserveVerdict(c *benchConfig) error {
-	rr := rep.resReport
-	switch {
-	case rep.OvershootMicro > 0 && c.mode == "concurrency":
-		return fmt.Errorf("concurrency mode: clients held %s units beyond --slots on %d keys: this is a bug", formatUnits(rep.OvershootMicro), rep.OvershootKeys)
-	case rep.OvershootMicro > 0:
-		return fmt.Errorf("reserve mode: %s settled units beyond the contract on %d keys: this is a bug", formatUnits(rep.OvershootMicro), rep.OvershootKeys)
+// redactURL hides the user information of a URL (a password) before it
+// is printed, as `limitmesh` prints NATS URLs: scheme://***@host/path.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
 	}
-	var leaks []string
-	if rr.LeakedKeys > 0 {
-		leaks = append(leaks, fmt.Sprintf("%d keys not back to full (%s units missing)", rr.LeakedKeys, formatUnits(rr.leakedMicro)))
-	}
-	if rr.OpenReservations != nil && *rr.OpenReservations > 0 {
-		leaks = append(leaks, fmt.Sprintf("%g reservations still open", *rr.OpenReservations))
-	}
-	if len(leaks) > 0 {
-		return fmt.Errorf("%s %.3fs after the run (--ttl %v, --leak-wait %v)", strings.Join(leaks, " and "), rr.LeakWaitS, c.res.ttl, rep.leakWait)
-	}
-	if rr.metricsErr != nil {
-		return fmt.Errorf("open reservations not measured: %v", rr.metricsErr)
-	}
-	return nil
-}
-
-// printReserve writes the reserve modes' lines of the report.
-func (rep *benchReport) printReserve(w io.Writer, c *benchConfig) {
-	rr := rep.resReport
-	if rr.Abandoned > 0 || rr.ExpiredBeforeEnd > 0 || rr.EndUnknown > 0 {
-		fmt.Fprintf(w, "reservations: %d abandoned, %d expired before their end, %d ends without a known outcome\n",
-			rr.Abandoned, rr.ExpiredBeforeEnd, rr.EndUnknown)
-	}
-	open := "not measured (--metrics-url)"
-	switch {
-	case rr.metricsErr != nil:
-		open = "not measured: " + rr.metricsErr.Error()
-	case rr.OpenReservations != nil:
-		open = fmt.Sprintf("%g", *rr.OpenReservations)
-	}
-	fmt.Fprintf(w, "leaks: %d of %d keys not full (%s units missing), open reservations %s, after %.3fs\n",
-		rr.LeakedKeys, rr.KeysChecked, formatUnits(rr.leakedMicro), open, rr.LeakWaitS)
-	if rr.ReservationsEnded != nil {
-		fmt.Fprintf(w, "node: reservations settled %g, released %g, expired %g\n",
-			rr.ReservationsEnded["settled"], rr.ReservationsEnded["released"], rr.ReservationsEnded["expired"])
-	}
-	who := "bench's load and the embedded node with its NATS server"
-	if c.external {
-		who = "bench's load only"
-	}
-	pair := "reserve+settle"
-	if c.mode == "concurrency" {
-		pair = "acquire+release"
-	}
-	fmt.Fprintf(w, "cpu: %.2f µs per %s pair (%.2f per request), %.2f per operation, %.2f per echo operation (this process: %s)\n",
-		rr.CPUPerPairUs, pair, rr.CPUPerRequestUs, rep.CPUPerDecisionUs, rep.EchoCPUPerRequestUs, who)
+	u.User = nil
+	return strings.Replace(u.String(), "://", "://***@", 1)
 }

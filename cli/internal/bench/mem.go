@@ -1,10 +1,9 @@
-package cli
+package bench
 
 import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"runtime"
@@ -74,16 +73,4 @@ func statusKB(status []byte, field string) (int64, bool) {
 		return v, err == nil
 	}
 	return 0, false
-}
-
-// printMemory writes the report's memory line.
-func (rep *benchReport) printMemory(w io.Writer, c *benchConfig) {
-	if rep.RSSPeakMB == nil {
-		return
-	}
-	who := "bench's load and the embedded node with its NATS server"
-	if c.external {
-		who = "bench's load only"
-	}
-	fmt.Fprintf(w, "memory: peak resident %.1f MB (this process: %s)\n", *rep.RSSPeakMB, who)
 }

@@ -72,7 +72,7 @@ type worker struct {
 	failed           int64 // other error replies and send errors
 	unmatched        int64 // decisions not made with the bench policy
 
-	res *resWorker // the reserve modes (bench_reserve.go)
+	res *resWorker // the reserve modes (reserve.go)
 }
 
 // phaseResult is one phase's merged figures.
@@ -104,11 +104,11 @@ type phase struct {
 	subject string
 	tally   []keyTally // nil: the echo phase (replies are not parsed)
 	// loop, when set, is a worker's loop in place of work (the reserve
-	// modes, bench_reserve.go).
+	// modes, reserve.go).
 	loop    func(w *worker, stop *atomic.Bool)
 	workers []*worker
 	elapsed time.Duration // summed over the slices run so far
-	cpu     time.Duration // CPU time of this process during the slices (bench_cpu.go)
+	cpu     time.Duration // CPU time of this process during the slices (cpu.go)
 }
 
 // newPhase makes --concurrency workers against subject, spread over the

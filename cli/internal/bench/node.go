@@ -20,7 +20,7 @@ import (
 
 // startBenchNode starts an embedded NATS server and a node on it; stop
 // undoes both. In the reserve modes the node's /metrics is served on a
-// loopback port, at metricsURL, for the leak check (bench_reserve_check.go).
+// loopback port, at metricsURL, for the leak check (reserve_check.go).
 func startBenchNode(ctx context.Context, c *Config) (_ *mesh.Embedded, metricsURL string, _ func(), _ error) {
 	var undo []func()
 	stop := func() {

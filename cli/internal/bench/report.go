@@ -156,28 +156,28 @@ type Report struct {
 	OvershootMicro int64   `json:"-"`
 	// Policy is the run's policy (bench-<mode>-<run>).
 	Policy string `json:"-"`
-	// Shadow is set with --candidates (bench_shadow.go).
+	// Shadow is set with --candidates (shadow.go).
 	Shadow *ShadowReport `json:"shadow,omitempty"`
-	// The ledger's lag at the end of the run (bench_usage.go); null when
+	// The ledger's lag at the end of the run (usage.go); null when
 	// it was not measured.
 	UsageLagMs   *float64 `json:"usage_lag_ms"`
 	UsagePending *uint64  `json:"usage_pending"`
 	UsageNote    string   `json:"-"` // why UsageLagMs is null, if it is
 	// The usage stream's bytes per decision in the decide phase and the
-	// hours its limits hold at that rate (bench_usage.go); null when not
+	// hours its limits hold at that rate (usage.go); null when not
 	// measured.
 	UsageBytesPerDecision *float64         `json:"usage_bytes_per_decision"`
 	UsageRetentionHours   *float64         `json:"usage_retention_hours"`
 	UsageCost             *UsageStreamCost `json:"-"`
-	// This process's CPU time per reply in each phase (bench_cpu.go); in
+	// This process's CPU time per reply in each phase (cpu.go); in
 	// the reserve modes per operation and per echo operation (two round
-	// trips), with cpu_us_per_pair beside them (bench_reserve.go).
+	// trips), with cpu_us_per_pair beside them (reserve.go).
 	CPUPerDecisionUs    float64 `json:"cpu_us_per_decision"`
 	EchoCPUPerRequestUs float64 `json:"echo_cpu_us_per_request"`
 	// This process's peak resident memory when the report was made, MB
-	// (bench_mem.go); null where it cannot be read.
+	// (mem.go); null where it cannot be read.
 	RSSPeakMB *float64 `json:"rss_peak_mb"`
-	// Flood is the --flood load's figures (bench_flood.go); absent
+	// Flood is the --flood load's figures (flood.go); absent
 	// without one.
 	Flood *FloodReport `json:"flood,omitempty"`
 	// Leased mode (CONTRACT §8): the summed overshoot bound of the keys
@@ -195,7 +195,7 @@ type Report struct {
 	// keys whose overshoot exceeds max_outstanding (a bug).
 	Lease         policies.Lease `json:"-"`
 	KeysOverBound int            `json:"-"`
-	// The reserve modes' figures (bench_reserve_check.go); nil otherwise.
+	// The reserve modes' figures (reserve_check.go); nil otherwise.
 	*ResReport
 }
 

@@ -77,7 +77,7 @@ import (
 // ttl makes impossible unless the process stalls for that long, would be
 // counted although the node freed it: --ttl is far above --hold).
 //
-// Leaks (bench_reserve_check.go): after the last slice bench waits until
+// Leaks (reserve_check.go): after the last slice bench waits until
 // every key a reserve was sent for is back to full and no reservation of
 // the bench policy is open on the node, or --leak-wait passes.
 

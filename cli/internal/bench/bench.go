@@ -83,7 +83,7 @@ type Config struct {
 	MemProfile string // file of a heap profile at its end (mem.go; "": none)
 
 	// Progress receives progress lines (nil: none); Log the embedded
-	// nodes' log.
+	// nodes' log (nil: none).
 	Progress io.Writer
 	Log      io.Writer
 
@@ -109,6 +109,14 @@ type Regions struct {
 
 // external reports whether the run is against a deployment.
 func (c *Config) external() bool { return c.Dial != nil }
+
+// logWriter is where the embedded nodes log: Log, or nowhere.
+func (c *Config) logWriter() io.Writer {
+	if c.Log == nil {
+		return io.Discard
+	}
+	return c.Log
+}
 
 // Validate checks the settings a run needs, naming a bad one by its flag.
 // The prefix, the regions' count and the RLS address are the flag

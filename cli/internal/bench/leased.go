@@ -75,7 +75,7 @@ func runLeased(ctx context.Context, c *Config, plan *benchPlan, dist *keyDist, p
 		if c.Verbose {
 			level = slog.LevelInfo
 		}
-		log := slog.New(slog.NewTextHandler(c.Log, &slog.HandlerOptions{Level: level}))
+		log := slog.New(slog.NewTextHandler(c.logWriter(), &slog.HandlerOptions{Level: level}))
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		er, err := c.StartRegions(rctx, c.Regions, c.Prefix, log)
 		cancel()

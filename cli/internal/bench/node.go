@@ -38,7 +38,7 @@ func startBenchNode(ctx context.Context, c *Config) (_ *mesh.Embedded, metricsUR
 	if c.Verbose {
 		level.Set(slog.LevelInfo)
 	}
-	log := slog.New(slog.NewTextHandler(c.Log, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewTextHandler(c.logWriter(), &slog.HandlerOptions{Level: level}))
 	emb, err := mesh.StartEmbedded(mesh.EmbeddedConfig{DataDir: dir, ServerName: "limitmesh-bench", Logger: log})
 	if err != nil {
 		stop()

@@ -3,6 +3,8 @@ package keys
 import (
 	"sync"
 	"time"
+
+	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 )
 
 // Write-behind timing of async mode. An owner with unwritten changes asks
@@ -79,43 +81,39 @@ func (w *flushWheel) recycle(due []flushEntry) {
 	w.mu.Unlock()
 }
 
-// armFlush makes key's owner write its unwritten async changes within
-// the async interval (the owner asked with action.arm).
-func (t *Table) armFlush(key string, e *Entry) {
-	if t.flush.add(key, e) {
-		t.scheduleTick()
+// flusher ticks a node's flushWheel on the runtime and hands each due
+// key to flush (the table's flushKey, which drives the key's owner).
+type flusher struct {
+	wheel  flushWheel
+	rt     rt.Runtime
+	period time.Duration // a slot's share of the async interval
+	flush  func(key string, e *Entry)
+}
+
+func newFlusher(r rt.Runtime, interval time.Duration, flush func(string, *Entry)) *flusher {
+	return &flusher{rt: r, period: max(interval/flushSlots, time.Microsecond), flush: flush}
+}
+
+// arm makes key's owner write its unwritten async changes within the
+// async interval (the owner asked with action.arm).
+func (f *flusher) arm(key string, e *Entry) {
+	if f.wheel.add(key, e) {
+		f.schedule()
 	}
 }
 
-// scheduleTick ticks the wheel after a slot's share of the interval; each
+// schedule ticks the wheel after a slot's share of the interval; each
 // tick schedules the next until the wheel stops (nothing armed).
-func (t *Table) scheduleTick() {
-	period := max(t.cfg.AsyncInterval/flushSlots, time.Microsecond)
-	t.cfg.Runtime.AfterFunc(period, func() {
-		due, stop := t.flush.tick()
+func (f *flusher) schedule() {
+	f.rt.AfterFunc(f.period, func() {
+		due, stop := f.wheel.tick()
 		if stop {
 			return
 		}
-		t.scheduleTick()
-		for _, f := range due {
-			t.flushKey(f.key, f.e)
+		f.schedule()
+		for _, d := range due {
+			f.flush(d.key, d.e)
 		}
-		t.flush.recycle(due)
+		f.wheel.recycle(due)
 	})
-}
-
-// flushKey asks e's owner to write its unwritten changes and drives it
-// if no runner is active.
-func (t *Table) flushKey(key string, e *Entry) {
-	e.mu.Lock()
-	e.o.requestFlush()
-	start := !e.running && e.o.flushReq
-	if start {
-		e.running = true
-	}
-	e.mu.Unlock()
-	if start {
-		// The runner only starts the write: it does not block the wheel.
-		t.run(key, e)
-	}
 }

@@ -3,6 +3,7 @@ package keys
 import (
 	"errors"
 	"math"
+	"sync"
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
@@ -42,8 +43,22 @@ import (
 // Local-mode keys are counted by the local table (local.go), where a key
 // is only ever evicted at rest, so the keys it holds are the live ones.
 
+// liveKeys counts the live keys of every policy on this node and
+// remembers the keys a probe found absent. Its methods are safe for
+// concurrent use; lock order: Table.mu, then an Entry's mu, then
+// liveKeys.mu.
+type liveKeys struct {
+	env Env // the policies in force, for the instant a swept key rests
+
+	mu   sync.Mutex
+	sets map[string]*liveSet // by policy
+	// absent holds keys (with their partition) that a probe found absent
+	// from the store: they overflow again without a read.
+	absent map[string]int
+}
+
 // liveSet counts one policy's live keys on this node. Its fields are
-// guarded by Table.liveMu.
+// guarded by liveKeys.mu.
 type liveSet struct {
 	policy string
 	n      int64 // keys in the table counted here, plus resting keys
@@ -59,13 +74,16 @@ type restingKey struct {
 	part int
 }
 
-// liveSetLocked returns policy's live set, creating it; the caller holds
-// t.liveMu.
-func (t *Table) liveSetLocked(policy string) *liveSet {
-	ls := t.live[policy]
+func newLiveKeys(env Env) *liveKeys {
+	return &liveKeys{env: env, sets: make(map[string]*liveSet), absent: make(map[string]int)}
+}
+
+// setLocked returns policy's live set, creating it; the caller holds l.mu.
+func (l *liveKeys) setLocked(policy string) *liveSet {
+	ls := l.sets[policy]
 	if ls == nil {
 		ls = &liveSet{policy: policy}
-		t.live[policy] = ls
+		l.sets[policy] = ls
 	}
 	return ls
 }
@@ -76,51 +94,51 @@ func (t *Table) liveSetLocked(policy string) *liveSet {
 // live keys here), or, when a probe of key found it absent since this
 // node serves its partition, ok is false: key overflows again, without a
 // read. An overflow key takes no place and is no probe.
-func (t *Table) place(key string, c *Call) (ls *liveSet, probe, ok bool) {
+func (l *liveKeys) place(key string, c *Call) (ls *liveSet, probe, ok bool) {
 	if c.Overflow {
 		return nil, false, true
 	}
-	t.liveMu.Lock()
-	defer t.liveMu.Unlock()
-	ls = t.liveSetLocked(c.Policy.Name)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ls = l.setLocked(c.Policy.Name)
 	if _, ok := ls.resting[key]; ok {
 		delete(ls.resting, key)
 		return ls, false, true
 	}
 	if ls.n < c.Policy.MaxKeys {
 		ls.n++
-		delete(t.absent, key)
+		delete(l.absent, key)
 		return ls, false, true
 	}
-	if _, ok := t.absent[key]; ok {
+	if _, ok := l.absent[key]; ok {
 		return nil, false, false
 	}
 	return nil, true, true
 }
 
-// maxAbsent bounds Table.absent.
+// maxAbsent bounds liveKeys.absent.
 const maxAbsent = 1 << 16
 
 // noteAbsent remembers that a probe found key, of partition part, absent
-// from the store. The caller holds e.mu.
-func (t *Table) noteAbsent(key string, part int) {
-	t.liveMu.Lock()
-	defer t.liveMu.Unlock()
-	if len(t.absent) >= maxAbsent {
-		for k := range t.absent {
-			delete(t.absent, k)
+// from the store. The caller holds the key's Entry.mu.
+func (l *liveKeys) noteAbsent(key string, part int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.absent) >= maxAbsent {
+		for k := range l.absent {
+			delete(l.absent, k)
 			break
 		}
 	}
-	t.absent[key] = part
+	l.absent[key] = part
 }
 
 // adopt gives a probe that was found stored a place beyond MaxKeys; the
 // caller holds e.mu.
-func (t *Table) adopt(e *Entry) {
-	t.liveMu.Lock()
-	defer t.liveMu.Unlock()
-	ls := t.liveSetLocked(e.probe)
+func (l *liveKeys) adopt(e *Entry) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ls := l.setLocked(e.probe)
 	ls.n++
 	e.live, e.probe = ls, ""
 }
@@ -129,7 +147,7 @@ func (t *Table) adopt(e *Entry) {
 // resting when its state is not at rest yet (rest: it was swept for
 // idleness; a key whose partition moved away is gone from here). The
 // caller holds e.mu.
-func (t *Table) release(key string, e *Entry, now int64, rest bool) {
+func (l *liveKeys) release(key string, e *Entry, now int64, rest bool) {
 	ls := e.live
 	if ls == nil {
 		return
@@ -137,10 +155,10 @@ func (t *Table) release(key string, e *Entry, now int64, rest bool) {
 	e.live = nil
 	at := int64(0)
 	if rest {
-		at = t.restAt(e, ls.policy)
+		at = l.restAt(e, ls.policy)
 	}
-	t.liveMu.Lock()
-	defer t.liveMu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if at > now {
 		if ls.resting == nil {
 			ls.resting = make(map[string]restingKey)
@@ -149,15 +167,15 @@ func (t *Table) release(key string, e *Entry, now int64, rest bool) {
 		return
 	}
 	ls.n--
-	t.dropEmptyLocked(ls)
+	l.dropEmptyLocked(ls)
 }
 
 // restAt returns the instant (Unix ns) e's key, last used at e.lastUsed,
 // comes to rest under policy's version in force: its limits refilled or
 // rolled over (kvstate.RestSpan) and, if it remembers request_ids, past
 // keyrec.DedupeWindow. A key whose policy is gone is at rest.
-func (t *Table) restAt(e *Entry, policy string) int64 {
-	p := t.cfg.Env.Current(policy)
+func (l *liveKeys) restAt(e *Entry, policy string) int64 {
+	p := l.env.Current(policy)
 	if p == nil {
 		return 0
 	}
@@ -171,44 +189,45 @@ func (t *Table) restAt(e *Entry, policy string) int64 {
 	return e.lastUsed + span
 }
 
-// pruneResting forgets the resting keys at rest at now, and those of
-// partition part when part >= 0 (the partition moved away).
-func (t *Table) pruneResting(now int64, part int) {
-	t.liveMu.Lock()
-	defer t.liveMu.Unlock()
+// prune forgets the resting keys at rest at now, and those of partition
+// part when part >= 0 (the partition moved away), with the absent keys
+// of that partition.
+func (l *liveKeys) prune(now int64, part int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if part >= 0 {
-		for k, p := range t.absent {
+		for k, p := range l.absent {
 			if p == part {
-				delete(t.absent, k)
+				delete(l.absent, k)
 			}
 		}
 	}
-	for _, ls := range t.live {
+	for _, ls := range l.sets {
 		for k, r := range ls.resting {
 			if r.at <= now || r.part == part {
 				delete(ls.resting, k)
 				ls.n--
 			}
 		}
-		t.dropEmptyLocked(ls)
+		l.dropEmptyLocked(ls)
 	}
 }
 
 // dropEmptyLocked forgets ls when it counts nothing (an entry still
 // pointing at it keeps it alive and counts in it; a new set replaces it
-// in the map). The caller holds t.liveMu.
-func (t *Table) dropEmptyLocked(ls *liveSet) {
-	if ls.n <= 0 && len(ls.resting) == 0 && t.live[ls.policy] == ls {
-		delete(t.live, ls.policy)
+// in the map). The caller holds l.mu.
+func (l *liveKeys) dropEmptyLocked(ls *liveSet) {
+	if ls.n <= 0 && len(ls.resting) == 0 && l.sets[ls.policy] == ls {
+		delete(l.sets, ls.policy)
 	}
 }
 
-// Live returns the number of policy's live keys on this node (held in
+// count returns the number of policy's live keys on this node (held in
 // the table or resting; local-mode keys not counted).
-func (t *Table) Live(policy string) int {
-	t.liveMu.Lock()
-	defer t.liveMu.Unlock()
-	if ls := t.live[policy]; ls != nil {
+func (l *liveKeys) count(policy string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ls := l.sets[policy]; ls != nil {
 		return int(ls.n)
 	}
 	return 0
@@ -221,13 +240,13 @@ func (t *Table) Live(policy string) int {
 // any other error fails them as a failed load does; either way e, which
 // holds nothing, is marked gone and it reports true: the caller removes e
 // from the table (the key's next call is a probe again).
-func (t *Table) concludeProbe(key string, e *Entry, o *owner, err error) (done bool) {
+func (l *liveKeys) concludeProbe(key string, e *Entry, o *owner, err error) (done bool) {
 	switch {
 	case err == nil:
-		t.adopt(e)
+		l.adopt(e)
 		return false
 	case errors.Is(err, kvstate.ErrNotFound):
-		t.noteAbsent(key, e.part)
+		l.noteAbsent(key, e.part)
 		o.busy = false
 		for _, c := range o.queue {
 			c.Overflowed = true
@@ -240,13 +259,4 @@ func (t *Table) concludeProbe(key string, e *Entry, o *owner, err error) (done b
 	}
 	e.gone = true
 	return true
-}
-
-// forget removes e from the table if it is still key's entry.
-func (t *Table) forget(key string, e *Entry) {
-	t.mu.Lock()
-	if t.entries[key] == e {
-		delete(t.entries, key)
-	}
-	t.mu.Unlock()
 }

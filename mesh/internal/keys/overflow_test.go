@@ -107,7 +107,7 @@ func newCapTable(t *testing.T, st *syncStore, ttl time.Duration, ps ...*policies
 		Partition: func(key string) int { return int(key[len(key)-1]) % 4 }})
 	// No blind creates: every new key is read first, so the counts below
 	// are the same whatever the table's blind score.
-	ct.tbl.blindScore.Store(-blindScoreMax)
+	ct.tbl.blind.v.Store(-blindScoreMax)
 	return ct
 }
 
@@ -145,7 +145,7 @@ func (ct *capTable) mustOverflow(p *policies.Policy, key string) {
 
 func (ct *capTable) mustLive(policy string, want int) {
 	ct.t.Helper()
-	if got := ct.tbl.Live(policy); got != want {
+	if got := ct.tbl.live.count(policy); got != want {
 		ct.t.Fatalf("%d live keys of %s, want %d", got, policy, want)
 	}
 }

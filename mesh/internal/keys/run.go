@@ -37,7 +37,7 @@ func (t *Table) run(key string, e *Entry) {
 	}
 	e.mu.Unlock()
 	if a.arm {
-		t.armFlush(key, e)
+		t.flush.arm(key, e)
 	}
 	for _, c := range a.finished {
 		c.Done.Finish(c)
@@ -133,16 +133,16 @@ func (t *Table) continueWrite(key string, e *Entry, o *owner, blind bool, rev ui
 func (t *Table) applyLoad(key string, e *Entry, o *owner, val []byte, rev uint64, err error) {
 	switch {
 	case err == nil:
-		t.blindVote(-1)
+		t.blind.vote(-1)
 	case errors.Is(err, kvstate.ErrNotFound):
-		t.blindVote(1)
+		t.blind.vote(1)
 	}
 	e.mu.Lock()
 	if e.o != o {
 		e.mu.Unlock()
 		return
 	}
-	if e.probe != "" && t.concludeProbe(key, e, o, err) {
+	if e.probe != "" && t.live.concludeProbe(key, e, o, err) {
 		e.mu.Unlock()
 		t.forget(key, e)
 		return
@@ -174,9 +174,9 @@ func (t *Table) applyWrite(key string, e *Entry, o *owner, blind bool, rev uint6
 	if blind {
 		switch {
 		case err == nil:
-			t.blindVote(1)
+			t.blind.vote(1)
 		case errors.Is(err, kvstate.ErrConflict):
-			t.blindVote(-2)
+			t.blind.vote(-2)
 		}
 	}
 	e.mu.Lock()

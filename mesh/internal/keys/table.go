@@ -93,43 +93,26 @@ type Config struct {
 	Metrics        *Metrics // nil: none registered
 }
 
-// Table holds the limit keys this node decides. Idle entries are swept;
-// a swept key is reloaded from the store on its next call. Keys of
-// local-mode policies are in a table of their own that never touches the
-// store (local.go).
+// Table holds the limit keys this node decides: their entries, each an
+// owner core and whether a runner drives it (run.go), and what the keys
+// share, each a part of its own: the live keys of each policy and the
+// overflow (liveKeys, overflow.go), the async write-behind timing
+// (flusher, flush.go), whether new keys start with a blind create
+// (blindScore, blind.go), and the local-mode keys, in a table of their
+// own that never touches the store (localTable, local.go). Idle entries
+// are swept; a swept key is reloaded from the store on its next call.
 type Table struct {
 	cfg   Config
 	log   *slog.Logger
 	m     *Metrics
+	live  *liveKeys
+	flush *flusher
+	blind blindScore
 	local *localTable
-	flush flushWheel
 
 	mu      sync.Mutex
 	entries map[string]*Entry
-
-	// liveMu guards live, each policy's live keys (overflow.go). Lock
-	// order: mu, then an Entry's mu, then liveMu.
-	liveMu sync.Mutex
-	live   map[string]*liveSet
-	// absent holds keys (with their partition) that a probe found absent
-	// from the store: they overflow again without a read (overflow.go).
-	absent map[string]int
-
-	// blindScore says whether new owners may try a blind create (owner.go):
-	// it rises when a key read for the first time is absent or a blind
-	// create wins, and falls (faster) when such a key exists or a blind
-	// create loses, within ±blindScoreMax. Blind creates are tried while
-	// it is positive, so after a handoff of existing keys they stop after
-	// a few losses, and with new keys they save each key's first read.
-	blindScore atomic.Int64
 }
-
-// blindScoreMax bounds Table.blindScore; a new table starts at
-// blindScoreStart.
-const (
-	blindScoreMax   = 16
-	blindScoreStart = 4
-)
 
 // Entry is one limit key held in memory: its owner core and whether a
 // runner is driving it. A caller may keep a pointer to it (the request
@@ -170,8 +153,9 @@ func New(cfg Config) *Table {
 		cfg.Partition = func(string) int { return 0 }
 	}
 	t := &Table{cfg: cfg, log: cfg.Log, m: cfg.Metrics, entries: make(map[string]*Entry),
-		live: make(map[string]*liveSet), absent: make(map[string]int), local: newLocalTable(cfg.LocalMaxKeys)}
-	t.blindScore.Store(blindScoreStart)
+		live: newLiveKeys(cfg.Env), local: newLocalTable(cfg.LocalMaxKeys)}
+	t.flush = newFlusher(cfg.Runtime, cfg.AsyncInterval, t.flushKey)
+	t.blind.v.Store(blindScoreStart)
 	return t
 }
 
@@ -186,17 +170,6 @@ func (t *Table) newOwner() *owner {
 	o := newOwner(t.cfg.Env, t.cfg.MaxConflicts, int64(t.cfg.TTL))
 	o.usageKept = t.cfg.UsageKept
 	return o
-}
-
-// blindVote moves the blind-create score by d within its bounds.
-func (t *Table) blindVote(d int64) {
-	for {
-		v := t.blindScore.Load()
-		nv := min(max(v+d, -blindScoreMax), blindScoreMax)
-		if nv == v || t.blindScore.CompareAndSwap(v, nv) {
-			return
-		}
-	}
 }
 
 // Submit hands c to key's owner at now (Unix ns) and starts a runner if
@@ -231,7 +204,7 @@ func (t *Table) Submit(key string, c *Call, now int64, hint *atomic.Pointer[Entr
 			}
 		}
 		if e == nil {
-			ls, probe, ok := t.place(key, c)
+			ls, probe, ok := t.live.place(key, c)
 			if !ok {
 				t.mu.Unlock()
 				c.Overflowed = true
@@ -243,7 +216,7 @@ func (t *Table) Submit(key string, c *Call, now int64, hint *atomic.Pointer[Entr
 				e.probe = c.Policy.Name
 			}
 			// A probe is loaded first: a stored record makes it live.
-			e.o.blind = !probe && t.blindScore.Load() > 0
+			e.o.blind = !probe && t.blind.allows()
 			t.entries[key] = e
 			e.mu.Lock()
 		}
@@ -256,7 +229,7 @@ func (t *Table) Submit(key string, c *Call, now int64, hint *atomic.Pointer[Entr
 	if ok, arm := e.o.decideInline(c, now); ok {
 		e.mu.Unlock()
 		if arm {
-			t.armFlush(key, e)
+			t.flush.arm(key, e)
 		}
 		c.Done.Finish(c)
 		return
@@ -290,7 +263,7 @@ func (t *Table) Sweep(now int64, idle time.Duration) {
 		}
 		e.mu.Unlock()
 	}
-	t.pruneResting(now, -1)
+	t.live.prune(now, -1)
 }
 
 // removeLocked removes key's entry e at now, releasing its place among
@@ -303,7 +276,7 @@ func (t *Table) removeLocked(key string, e *Entry, now int64, rest bool) {
 	}
 	if !e.gone {
 		e.gone = true
-		t.release(key, e, now, rest)
+		t.live.release(key, e, now, rest)
 	}
 }
 
@@ -323,7 +296,7 @@ func (t *Table) DropPartition(p int) {
 		}
 		e.mu.Unlock()
 	}
-	t.pruneResting(math.MinInt64, p)
+	t.live.prune(math.MinInt64, p)
 }
 
 // FlushPartition writes the unwritten async changes of partition p's keys
@@ -370,6 +343,31 @@ func (t *Table) FlushPartition(p int, deadline time.Time, done func()) {
 		done()
 	}
 	poll()
+}
+
+// forget removes e from the table if it is still key's entry.
+func (t *Table) forget(key string, e *Entry) {
+	t.mu.Lock()
+	if t.entries[key] == e {
+		delete(t.entries, key)
+	}
+	t.mu.Unlock()
+}
+
+// flushKey asks e's owner to write its unwritten changes and drives it
+// if no runner is active.
+func (t *Table) flushKey(key string, e *Entry) {
+	e.mu.Lock()
+	e.o.requestFlush()
+	start := !e.running && e.o.flushReq
+	if start {
+		e.running = true
+	}
+	e.mu.Unlock()
+	if start {
+		// The runner only starts the write: it does not block the wheel.
+		t.run(key, e)
+	}
 }
 
 // Gone reports whether e was removed from its table (a hint to it is

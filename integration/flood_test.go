@@ -20,7 +20,7 @@ func TestDenialsWriteNoJournal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	js, _ := jetstream.New(tn.nc)
-	journal, err := js.Stream(ctx, tn.node.JournalStream())
+	journal, err := js.Stream(ctx, "RL_JOURNAL")
 	if err != nil {
 		t.Fatal(err)
 	}

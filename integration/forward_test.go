@@ -48,7 +48,7 @@ func TestForwardLostReplyDecidedOnce(t *testing.T) {
 	// with the subject its reply goes to.
 	client := connect(t, e)
 	forwarded := make(chan string, 1)
-	sub, err := client.Subscribe(owner.node.ShardSubject(p), func(m *nats.Msg) {
+	sub, err := client.Subscribe("rl.v1.shard."+strconv.Itoa(p), func(m *nats.Msg) {
 		if m.Header.Get(mesh.HopHeader) != "" {
 			select {
 			case forwarded <- m.Reply:
@@ -67,7 +67,7 @@ func TestForwardLostReplyDecidedOnce(t *testing.T) {
 	done := make(chan reply, 1)
 	go func() {
 		// Sent to the forwarder's shard subject: it forwards to the owner.
-		m, err := client.Request(fwd.node.ShardSubject(q), []byte(req(desc, `"cost":10`)), testTimeout)
+		m, err := client.Request("rl.v1.shard."+strconv.Itoa(q), []byte(req(desc, `"cost":10`)), testTimeout)
 		if err != nil {
 			done <- reply{Code: "no reply: " + err.Error()}
 			return
@@ -155,7 +155,7 @@ func TestForwardHandOverDecidedOnce(t *testing.T) {
 
 	client := connect(t, e)
 	var stale atomic.Int64
-	sub, err := client.QueueSubscribe(owner.node.ShardSubject(p), mesh.PartitionQueue, func(m *nats.Msg) {
+	sub, err := client.QueueSubscribe("rl.v1.shard."+strconv.Itoa(p), mesh.PartitionQueue, func(m *nats.Msg) {
 		stale.Add(1)
 		resp := nats.NewMsg(m.Reply)
 		resp.Header.Set(mesh.NotOwnerHeader, strconv.Itoa(p))
@@ -178,7 +178,7 @@ func TestForwardHandOverDecidedOnce(t *testing.T) {
 		// "no responders": the forwarder's subscription of q has not
 		// reached the server yet (nobody got the request).
 		waitFor(t, "the forwarder's subscription", func() bool {
-			m, err = client.Request(fwd.node.ShardSubject(q), []byte(req(desc, "")), testTimeout)
+			m, err = client.Request("rl.v1.shard."+strconv.Itoa(q), []byte(req(desc, "")), testTimeout)
 			return !errors.Is(err, nats.ErrNoResponders)
 		})
 		if err != nil {

@@ -88,7 +88,7 @@ func TestMaxKeysOverflowMesh(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	js, _ := jetstream.New(nodes[0].nc)
-	kv, err := js.KeyValue(ctx, nodes[0].node.StateBucket())
+	kv, err := js.KeyValue(ctx, "rl_state")
 	if err != nil {
 		t.Fatal(err)
 	}

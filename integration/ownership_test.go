@@ -517,7 +517,7 @@ func TestShardSubjectAndClientHint(t *testing.T) {
 	// The wrong shard subject still routes correctly (a policy change can
 	// move a descriptor to another key).
 	wrong := (p + 1) % nodes[0].node.Partitions()
-	if r := decide(t, nodes[0].nc, nodes[0].node.ShardSubject(wrong), req(desc, `"cost":5`)); !r.Allowed || r.Remaining != 35 {
+	if r := decide(t, nodes[0].nc, "rl.v1.shard."+strconv.Itoa(wrong), req(desc, `"cost":5`)); !r.Allowed || r.Remaining != 35 {
 		t.Fatalf("via the wrong shard subject: %+v", r)
 	}
 	owner := ownerOf(t, nodes, "hinted")

@@ -24,12 +24,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"regexp"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,8 +35,6 @@ import (
 	"github.com/limitmesh/limitmesh/auth"
 	"github.com/limitmesh/limitmesh/mesh/internal/journal"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
-	"github.com/limitmesh/limitmesh/mesh/internal/leasing"
-	"github.com/limitmesh/limitmesh/mesh/internal/member"
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/policyset"
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
@@ -49,7 +45,6 @@ import (
 	"github.com/limitmesh/limitmesh/usage"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -182,7 +177,27 @@ var prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 
 // Node is one limitmesh node. Start it once; Stop drains it. Its methods
 // are safe for concurrent use.
+//
+// A node is the parts its roles share (base), its usage publisher, and,
+// with RoleDecide, the decide role (decider, decide.go); Start wires them
+// (start.go).
 type Node struct {
+	base
+
+	pub *usage.Publisher // nil before Start and with NoUsage
+	dec *decider         // nil before Start and without RoleDecide
+
+	ready atomic.Bool
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	cancel  context.CancelFunc
+}
+
+// base is what a node's roles share: the connection and settings, the
+// policies in force, the partitions served, and the background work.
+type base struct {
 	nc  *nats.Conn
 	cfg NodeConfig
 	log *slog.Logger
@@ -191,24 +206,7 @@ type Node struct {
 
 	policies *policyset.Set
 	route    *route.Table
-	svc      *service.Service
-	leasing  *leasing.Leasing // nil before Start
-	member   *member.Member   // nil before Start
-	pub      *usage.Publisher // nil before Start and with NoUsage
-
-	ready atomic.Bool
-
-	mu      sync.Mutex
-	started bool
-	stopped bool
-	micro   micro.Service
-	cancel  context.CancelFunc
-	bg      sync.WaitGroup
-
-	subMu     sync.Mutex
-	subs      []*nats.Subscription // the shard subjects of the partitions held
-	leaseSubs []*nats.Subscription // their lease owner subjects
-	nodeSub   *nats.Subscription   // this node's lease subject (gateways' reports)
+	bg       sync.WaitGroup // background work: ends after the cancel of Stop
 }
 
 // NewNode returns a node on nc; it does nothing until Start.
@@ -278,7 +276,7 @@ func NewNode(nc *nats.Conn, cfg NodeConfig) (*Node, error) {
 	case cfg.NoUsage && !cfg.Roles.Has(RoleDecide):
 		return nil, fmt.Errorf("%w: roles %s without the usage stream: a node that does not decide only reads the stream", ErrConfig, cfg.Roles)
 	}
-	n := &Node{nc: nc, cfg: cfg, log: cfg.Logger, reg: cfg.Registry, rt: rt.Real}
+	n := &Node{base: base{nc: nc, cfg: cfg, log: cfg.Logger, reg: cfg.Registry, rt: rt.Real}}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
 	}
@@ -290,8 +288,6 @@ func NewNode(nc *nats.Conn, cfg NodeConfig) (*Node, error) {
 	}
 	n.policies = policyset.New()
 	n.route = route.New(cfg.Prefix, cfg.Partitions, n.rt, n.rt.Now())
-	n.subs = make([]*nats.Subscription, cfg.Partitions)
-	n.leaseSubs = make([]*nats.Subscription, cfg.Partitions)
 	return n, nil
 }
 
@@ -304,20 +300,12 @@ func (clockRuntime) AfterFunc(d time.Duration, f func()) (stop func() bool) {
 }
 func (clockRuntime) Go(f func()) { go f() }
 
-// PolicyBucket, StateBucket, ShardBucket and DecideSubject are the names
-// the node uses; ShardSubject(p) is partition p's subject.
-func (n *Node) PolicyBucket() string      { return n.cfg.Prefix + "_policies" }
-func (n *Node) StateBucket() string       { return n.cfg.Prefix + "_state" }
-func (n *Node) ShardBucket() string       { return n.cfg.Prefix + "_shards" }
-func (n *Node) DecideSubject() string     { return n.cfg.Prefix + ".v1.decide" }
-func (n *Node) ShardSubject(p int) string { return n.cfg.Prefix + ".v1.shard." + strconv.Itoa(p) }
-
-// LeaseSubject is where gateways ask for grants of leased keys
-// ("<prefix>.v1.lease", the micro service's endpoint "lease").
-func (n *Node) LeaseSubject() string { return leasing.GatewaySubject(n.cfg.Prefix) }
-
-// JournalStream returns the name of the state journal stream.
-func (n *Node) JournalStream() string { return journal.StreamName(n.cfg.Prefix) }
+// The names of the node's buckets and of its decide subject (CONTRACT.md
+// §1).
+func (b *base) policyBucket() string  { return b.cfg.Prefix + "_policies" }
+func (b *base) stateBucket() string   { return b.cfg.Prefix + "_state" }
+func (b *base) shardBucket() string   { return b.cfg.Prefix + "_shards" }
+func (b *base) decideSubject() string { return b.cfg.Prefix + ".v1.decide" }
 
 // ID returns the node's id in the shards bucket.
 func (n *Node) ID() string { return n.cfg.NodeID }
@@ -351,9 +339,6 @@ func (n *Node) PolicyRevision(name string) (uint64, bool) {
 // when there is none. The policy is shared: do not modify it.
 func (n *Node) Policy(name string) *policies.Policy { return n.policies.Current(name) }
 
-// Roles returns the node's roles.
-func (n *Node) Roles() Roles { return n.cfg.Roles }
-
 // Ready reports whether the node does what its roles say: serves
 // decisions, with RoleDecide (false before Start returns and from the
 // start of Stop).
@@ -373,47 +358,8 @@ func (n *Node) Stop(ctx context.Context) error {
 	n.stopped = true
 	n.ready.Store(false)
 	var err error
-	if n.micro != nil {
-		err = n.micro.Stop()
-		// Give every grant this node holds back to its key's owner while
-		// the owners are still there.
-		lctx, lcancel := context.WithTimeout(ctx, 2*n.cfg.DecisionTimeout)
-		n.leasing.Stop(lctx)
-		lcancel()
-		// Leave the mesh: hand every partition over (each is drained,
-		// its keys dropped, its entry deleted so the next owner claims it
-		// at once in a greater epoch).
-		left := make(chan error, 1)
-		timeout := 30 * time.Second
-		if d, ok := ctx.Deadline(); ok {
-			timeout = time.Until(d)
-		}
-		n.member.Owner.Leave(timeout, func(e error) { left <- e })
-		err = errors.Join(err, <-left)
-		// Drain: the subscription delivers what it already holds, so wait
-		// until no request has been in flight for a quiet period (the
-		// micro service does not expose the drain's completion), bounded
-		// by ctx.
-		t := time.NewTicker(2 * time.Millisecond)
-		defer t.Stop()
-		quiet := 0
-	wait:
-		for {
-			if n.svc.Inflight() == 0 {
-				quiet++
-			} else {
-				quiet = 0
-			}
-			if quiet >= 10 {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				err = errors.Join(err, fmt.Errorf("mesh: stop: %d decisions still in flight: %w", n.svc.Inflight(), ctx.Err()))
-				break wait
-			case <-t.C:
-			}
-		}
+	if n.dec != nil && n.dec.micro != nil {
+		err = n.dec.leave(ctx)
 	}
 	// Every decision is answered: publish their usage before the ledger
 	// and the evaluator stop.
@@ -426,23 +372,9 @@ func (n *Node) Stop(ctx context.Context) error {
 		n.cancel()
 	}
 	n.bg.Wait()
-	if n.member != nil {
-		n.member.Stop()
+	if n.dec != nil {
+		n.dec.close()
 	}
-	n.subMu.Lock()
-	for _, subs := range [][]*nats.Subscription{n.subs, n.leaseSubs} {
-		for p, sub := range subs {
-			if sub != nil {
-				_ = sub.Unsubscribe()
-				subs[p] = nil
-			}
-		}
-	}
-	if n.nodeSub != nil {
-		_ = n.nodeSub.Unsubscribe()
-		n.nodeSub = nil
-	}
-	n.subMu.Unlock()
 	return err
 }
 

@@ -26,25 +26,25 @@ import (
 const RetentionHorizon = 366 * 24 * time.Hour
 
 // horizon returns the age limit of the state bucket and the journal.
-func (n *Node) horizon() time.Duration { return max(RetentionHorizon, n.cfg.StateTTL) }
+func (b *base) horizon() time.Duration { return max(RetentionHorizon, b.cfg.StateTTL) }
 
 // stateRetention widens the state bucket (created already) for per-message
 // TTLs and to the retention horizon, and returns the retention its writes
 // use: off (with a warning) on a server that does not support per-message
 // TTLs, whose records are then kept for the bucket's age limit.
-func (n *Node) stateRetention(ctx context.Context, js jetstream.JetStream) (keyrec.Retention, error) {
+func (b *base) stateRetention(ctx context.Context, s jsSetup) (keyrec.Retention, error) {
 	var cfg jetstream.StreamConfig
-	stream := "KV_" + n.StateBucket()
-	if err := n.retryJS(ctx, "bucket "+n.StateBucket(), func(ctx context.Context) (err error) {
-		cfg, err = kvstate.EnsureTTLStream(ctx, js, stream, n.horizon())
+	stream := "KV_" + b.stateBucket()
+	if err := s.retry(ctx, "bucket "+b.stateBucket(), func(ctx context.Context) (err error) {
+		cfg, err = kvstate.EnsureTTLStream(ctx, s.js, stream, b.horizon())
 		return err
 	}); err != nil {
 		return keyrec.Retention{}, err
 	}
 	if !cfg.AllowMsgTTL {
-		n.log.Warn("the state bucket does not allow per-message TTLs (nats-server before 2.11): limiter state is kept for the bucket's age limit",
-			"bucket", n.StateBucket(), "max_age", cfg.MaxAge.String())
+		b.log.Warn("the state bucket does not allow per-message TTLs (nats-server before 2.11): limiter state is kept for the bucket's age limit",
+			"bucket", b.stateBucket(), "max_age", cfg.MaxAge.String())
 		return keyrec.Retention{}, nil
 	}
-	return keyrec.Retention{Floor: n.cfg.StateTTL, Horizon: cfg.MaxAge}, nil
+	return keyrec.Retention{Floor: b.cfg.StateTTL, Horizon: cfg.MaxAge}, nil
 }

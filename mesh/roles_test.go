@@ -49,11 +49,11 @@ func TestParseRoles(t *testing.T) {
 func TestNewNodeRoles(t *testing.T) {
 	nc := &nats.Conn{} // NewNode only keeps it
 	n, err := NewNode(nc, NodeConfig{})
-	if err != nil || n.Roles() != AllRoles {
+	if err != nil || n.cfg.Roles != AllRoles {
 		t.Fatalf("zero Roles: %v, %v; want every role", n, err)
 	}
 	n, err = NewNode(nc, NodeConfig{Roles: RoleDecide, NoUsage: true})
-	if err != nil || n.Roles() != RoleDecide {
+	if err != nil || n.cfg.Roles != RoleDecide {
 		t.Fatalf("decide without usage: %v, %v", n, err)
 	}
 	for _, cfg := range []NodeConfig{

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/elector"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/policyset"
+	"github.com/limitmesh/limitmesh/shadow"
 	"github.com/limitmesh/limitmesh/usage"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -139,4 +141,67 @@ func quotaState(js jetstream.JetStream, prefix string, set *policyset.Set) func(
 		}
 		return out, true, nil
 	}
+}
+
+// startUsage starts the usage roles' parts: the usage stream, this node's
+// publisher, the ledger and the shadow evaluator (each one active across
+// the nodes with its role, under a lease). It returns the publisher.
+func (b *base) startUsage(ctx, bgctx context.Context, s jsSetup, boot string) (*usage.Publisher, error) {
+	if err := s.retry(ctx, "stream "+usage.StreamName(b.cfg.Prefix), func(ctx context.Context) error {
+		_, err := usage.EnsureStream(ctx, s.js, usage.StreamConfig{Prefix: b.cfg.Prefix, Replicas: b.cfg.Replicas,
+			Retention: b.cfg.UsageRetention, MaxBytes: b.cfg.UsageMaxBytes})
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("mesh: usage stream: %w", err)
+	}
+	pub, err := usage.NewPublisher(s.js, usage.PublisherConfig{Prefix: b.cfg.Prefix, Node: b.cfg.NodeID, Boot: boot,
+		Interval: b.cfg.UsageInterval, Registerer: b.reg, Logger: b.log})
+	if err != nil {
+		return nil, fmt.Errorf("mesh: usage publisher: %w", err)
+	}
+	if err := b.startLedger(ctx, bgctx, s); err != nil {
+		return pub, err
+	}
+	if b.cfg.Roles.Has(RoleShadow) {
+		if err := b.startShadow(bgctx, s.js); err != nil {
+			return pub, err
+		}
+	}
+	return pub, nil
+}
+
+// startLedger creates the ledger bucket if it is missing and, on a node
+// with RoleLedger, starts the usage ledger's reconciler under its lease:
+// every such node runs an elector, one reconciler is active at a time.
+func (b *base) startLedger(ctx, bgctx context.Context, s jsSetup) error {
+	if err := s.retry(ctx, "bucket "+usage.LedgerBucket(b.cfg.Prefix), func(ctx context.Context) error {
+		_, err := usage.EnsureLedger(ctx, s.js, b.cfg.Prefix, b.cfg.Replicas)
+		return err
+	}); err != nil {
+		return fmt.Errorf("mesh: usage ledger: %w", err)
+	}
+	if !b.cfg.Roles.Has(RoleLedger) {
+		return nil
+	}
+	rec, err := usage.NewReconciler(ctx, s.js, usage.ReconcilerConfig{Prefix: b.cfg.Prefix, Node: b.cfg.NodeID,
+		Replicas: b.cfg.Replicas, QuotaLimits: quotaLimits(b.policies),
+		QuotaState: quotaState(s.js, b.cfg.Prefix, b.policies), Registerer: b.reg, Logger: b.log})
+	if err != nil {
+		return fmt.Errorf("mesh: usage ledger: %w", err)
+	}
+	el := elector.New(rec.KV(), usage.LedgerLeaderKey, b.cfg.NodeID, b.cfg.LeaseTime, b.log)
+	b.bg.Go(func() { _ = el.Run(bgctx, rec.Run) })
+	return nil
+}
+
+// startShadow starts the shadow evaluator of a node with RoleShadow: every
+// such node runs one, and its elector keeps one of them active at a time.
+func (b *base) startShadow(bgctx context.Context, js jetstream.JetStream) error {
+	ev, err := shadow.NewEvaluator(js, shadow.Config{Prefix: b.cfg.Prefix, NodeID: b.cfg.NodeID,
+		Replicas: b.cfg.Replicas, Lease: b.cfg.LeaseTime, Registerer: b.reg, Logger: b.log})
+	if err != nil {
+		return fmt.Errorf("mesh: shadow evaluator: %w", err)
+	}
+	b.bg.Go(func() { _ = ev.Run(bgctx) })
+	return nil
 }

@@ -56,7 +56,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	}
 	defer node.Stop(ctx)
 	js, _ := jetstream.New(nc)
-	kv, err := js.KeyValue(ctx, node.PolicyBucket())
+	kv, err := js.KeyValue(ctx, "rl_policies")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -449,7 +449,7 @@ func TestEnvoySecured(t *testing.T) {
 	admin := s.dial(t, s.d.AdminCreds(), nil)
 	rev := putPolicy(t, admin, "rl_policies", "per-tenant",
 		`{"match":{"tenant":"*"},"key":["tenant"],"limits":[{"algorithm":"token_bucket","rate":"1/d","burst":2}]}`)
-	waitFor(t, "the policy on the node", func() bool { r, ok := n.PolicyRevision("per-tenant"); return ok && r >= rev })
+	waitFor(t, "the policy on the node", func() bool { r, ok := policyRevision(n, "per-tenant"); return ok && r >= rev })
 
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()

@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -64,9 +66,13 @@ func connect(t testing.TB, e *mesh.Embedded) *nats.Conn {
 // testNode is a started node with its own connection.
 type testNode struct {
 	node *mesh.Node
+	id   string // its NodeID
 	nc   *nats.Conn
 	http *httptest.Server
 }
+
+// nodeSeq numbers the nodes startNode names.
+var nodeSeq atomic.Int64
 
 // startNode runs the `limitmesh serve` sequence: connect, NewNode, Start,
 // serve HTTPHandler; Stop at cleanup.
@@ -76,9 +82,13 @@ func startNode(t testing.TB, e *mesh.Embedded, cfg mesh.NodeConfig) *testNode {
 }
 
 // runNode runs the `limitmesh serve` sequence on nc: NewNode, Start,
-// serve HTTPHandler; Stop at cleanup.
+// serve HTTPHandler; Stop at cleanup. A node without a NodeID is named
+// "node<N>", N unique in the process.
 func runNode(t testing.TB, nc *nats.Conn, cfg mesh.NodeConfig) *testNode {
 	t.Helper()
+	if cfg.NodeID == "" {
+		cfg.NodeID = "node" + strconv.FormatInt(nodeSeq.Add(1), 10)
+	}
 	n, err := mesh.NewNode(nc, cfg)
 	if err != nil {
 		t.Fatalf("NewNode: %v", err)
@@ -89,7 +99,7 @@ func runNode(t testing.TB, nc *nats.Conn, cfg mesh.NodeConfig) *testNode {
 		t.Fatalf("Start: %v", err)
 	}
 	hs := httptest.NewServer(n.HTTPHandler())
-	tn := &testNode{node: n, nc: nc, http: hs}
+	tn := &testNode{node: n, id: cfg.NodeID, nc: nc, http: hs}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 		defer cancel()
@@ -99,6 +109,15 @@ func runNode(t testing.TB, nc *nats.Conn, cfg mesh.NodeConfig) *testNode {
 		hs.Close()
 	})
 	return tn
+}
+
+// policyRevision returns the KV revision of the version of policy name
+// in force on n, and false when n has no such policy.
+func policyRevision(n *mesh.Node, name string) (uint64, bool) {
+	if p := n.Policy(name); p != nil {
+		return p.Revision, true
+	}
+	return 0, false
 }
 
 // putPolicy writes a policy with a plain put (as `nats kv put` does) and
@@ -288,7 +307,7 @@ func waitApplied(t testing.TB, name string, rev uint64, nodes ...*testNode) {
 	t.Helper()
 	for i, n := range nodes {
 		waitFor(t, fmt.Sprintf("node %d applies %s@%d", i, name, rev), func() bool {
-			got, ok := n.node.PolicyRevision(name)
+			got, ok := policyRevision(n.node, name)
 			return ok && got >= rev
 		})
 	}
@@ -399,13 +418,13 @@ func admittedOf(replies []reply) int {
 // requireOwner fails unless the reply r names partition p (its
 // "partition" hint) and node owner serves p now: a test that kills the
 // owner of a key's partition checks with it that it kills the right node.
-func requireOwner(t testing.TB, r reply, p int, owner *mesh.Node) {
+func requireOwner(t testing.TB, r reply, p int, owner *testNode) {
 	t.Helper()
 	if r.Partition != p {
 		t.Fatalf("reply %+v names partition %d, want %d", r, r.Partition, p)
 	}
-	if !owner.Owns(p) {
-		t.Fatalf("node %s does not own partition %d", owner.ID(), p)
+	if !owner.node.Owns(p) {
+		t.Fatalf("node %s does not own partition %d", owner.id, p)
 	}
 }
 

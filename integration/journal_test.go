@@ -45,7 +45,7 @@ func startKillableNode(t *testing.T, e *mesh.Embedded, cfg mesh.NodeConfig) (*te
 			t.Errorf("Stop: %v", err)
 		}
 	})
-	return &testNode{node: n, nc: nc}, func() {
+	return &testNode{node: n, id: cfg.NodeID, nc: nc}, func() {
 		killed = true
 		nc.Close()
 	}
@@ -146,7 +146,7 @@ func TestJournalCrashAdoption(t *testing.T) {
 	}
 	epoch := n1.node.Epoch(p)
 
-	requireOwner(t, r, p, n1.node)
+	requireOwner(t, r, p, n1)
 	kill()
 	waitFor(t, "the survivor owns the dead node's partition", func() bool { return n0.node.Owns(p) })
 	if e2 := n0.node.Epoch(p); e2 <= epoch {
@@ -215,7 +215,7 @@ func TestJournalFence(t *testing.T) {
 	if claim <= epoch {
 		t.Fatalf("claim revision %d not above the epoch %d", claim, epoch)
 	}
-	subj := "rl.v1.journal." + tn.node.ID()
+	subj := "rl.v1.journal." + tn.id
 	ack, err := js.Publish(ctx, subj, fenceMsg(p, claim, "intruder"))
 	if err != nil {
 		t.Fatal(err)
@@ -282,7 +282,7 @@ func TestJournalCheckpoint(t *testing.T) {
 	js, stream, kv := journalStream(t, tn.nc)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	subj := "rl.v1.journal." + tn.node.ID()
+	subj := "rl.v1.journal." + tn.id
 	last, err := stream.GetLastMsgForSubject(ctx, subj)
 	if err != nil {
 		t.Fatal(err)
@@ -294,7 +294,7 @@ func TestJournalCheckpoint(t *testing.T) {
 	waitFor(t, "the record in the state bucket", func() bool { return inBucket(t, kv, key) })
 	var mark uint64
 	waitFor(t, "the journal mark at the last batch", func() bool {
-		e, err := kv.Get(ctx, "_journal."+tn.node.ID())
+		e, err := kv.Get(ctx, "_journal."+tn.id)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return false
 		}
@@ -426,7 +426,7 @@ func TestJournalStaleFence(t *testing.T) {
 	js, stream, _ := journalStream(t, tn.nc)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	subj := "rl.v1.journal." + tn.node.ID()
+	subj := "rl.v1.journal." + tn.id
 	want := int64(30)
 	for _, f := range []struct {
 		what  string
@@ -434,7 +434,7 @@ func TestJournalStaleFence(t *testing.T) {
 		node  string
 	}{
 		{"an older epoch", epoch - 1, "intruder"},
-		{"the node itself", epoch + 1000, tn.node.ID()},
+		{"the node itself", epoch + 1000, tn.id},
 	} {
 		ack, err := js.Publish(ctx, subj, fenceMsg(p, f.epoch, f.node))
 		if err != nil {
@@ -481,7 +481,7 @@ func TestJournalCrashAdoptionLong(t *testing.T) {
 	if inBucket(t, kv, key) {
 		t.Fatal("the record is in the state bucket already: the test needs it in the journal only")
 	}
-	requireOwner(t, r, p, n1.node)
+	requireOwner(t, r, p, n1)
 	kill()
 	waitFor(t, "the survivor owns the dead node's partition", func() bool { return n0.node.Owns(p) })
 	r = decide(t, n0.nc, "rl.v1.decide", req(desc, `"cost":1`))
@@ -534,7 +534,7 @@ func TestJournalClaimerKilled(t *testing.T) {
 	}
 	defer w.Stop()
 
-	requireOwner(t, first, p, nodes[1].node)
+	requireOwner(t, first, p, nodes[1])
 	kills[1]()
 	claimer := -1
 	var claim struct {

@@ -44,7 +44,7 @@ func replicasFor(servers []*mesh.Embedded) int {
 
 // owners returns, per partition, the indexes of the nodes that own it.
 func owners(nodes []*testNode) [][]int {
-	parts := nodes[0].node.Partitions()
+	parts := mesh.DefaultPartitions
 	out := make([][]int, parts)
 	for i, n := range nodes {
 		if n == nil {
@@ -273,7 +273,7 @@ func TestKilledOwnerTakeover(t *testing.T) {
 	if !r.Allowed {
 		t.Fatalf("first spend: %+v", r)
 	}
-	requireOwner(t, r, p, nodes[2].node)
+	requireOwner(t, r, p, nodes[2])
 	killed := time.Now()
 	nodes[2].nc.Close() // the node's process is gone as far as NATS can tell
 	rest := []*testNode{nodes[0], nodes[1], nil}
@@ -386,7 +386,7 @@ func TestDeposedOwnerFenced(t *testing.T) {
 // is forgotten.
 func TestClaimBackOwnEntry(t *testing.T) {
 	o := spendOnOwner(t, "back")
-	o.overwrite(t, "an entry naming the owner written", fmt.Appendf(nil, `{"node":%q}`, o.n.node.ID()))
+	o.overwrite(t, "an entry naming the owner written", fmt.Appendf(nil, `{"node":%q}`, o.n.id))
 	waitFor(t, "partition claimed back", func() bool { return o.n.node.Owns(o.p) && o.n.node.Epoch(o.p) > o.epoch })
 	o.checkRest(t, 1, "after the claim-back")
 }
@@ -400,7 +400,7 @@ func TestClaimBackOwnEntry(t *testing.T) {
 // else claimed).
 func TestRenewalLandedUnseen(t *testing.T) {
 	o := spendOnOwner(t, "unseen")
-	written := o.overwrite(t, "the owner's renewal written again", fmt.Appendf(nil, `{"node":%q,"epoch":%d}`, o.n.node.ID(), o.epoch))
+	written := o.overwrite(t, "the owner's renewal written again", fmt.Appendf(nil, `{"node":%q,"epoch":%d}`, o.n.id, o.epoch))
 	waitFor(t, "the owner renews over the entry", func() bool {
 		cur, err := o.shards.Get(o.ctx, o.partKey)
 		return err == nil && cur.Revision() > written
@@ -516,7 +516,7 @@ func TestShardSubjectAndClientHint(t *testing.T) {
 	}
 	// The wrong shard subject still routes correctly (a policy change can
 	// move a descriptor to another key).
-	wrong := (p + 1) % nodes[0].node.Partitions()
+	wrong := (p + 1) % mesh.DefaultPartitions
 	if r := decide(t, nodes[0].nc, "rl.v1.shard."+strconv.Itoa(wrong), req(desc, `"cost":5`)); !r.Allowed || r.Remaining != 35 {
 		t.Fatalf("via the wrong shard subject: %+v", r)
 	}

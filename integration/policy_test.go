@@ -86,8 +86,8 @@ func TestShadowPolicy(t *testing.T) {
 	// The watch applies entries in order: once this one is in force, the
 	// candidate was seen.
 	marker := putPolicy(t, tn.nc, "rl_policies", "marker", `{"match":{"app":"marker"},"limits":[{"algorithm":"token_bucket","rate":"1/h","burst":2}]}`)
-	waitFor(t, "marker applied", func() bool { rev, ok := tn.node.PolicyRevision("marker"); return ok && rev == marker })
-	if _, ok := tn.node.PolicyRevision("shadowed"); ok {
+	waitFor(t, "marker applied", func() bool { rev, ok := policyRevision(tn.node, "marker"); return ok && rev == marker })
+	if _, ok := policyRevision(tn.node, "shadowed"); ok {
 		t.Fatal("a candidate is in force")
 	}
 	d := map[string]string{"tenant": "s"}

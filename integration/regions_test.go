@@ -189,9 +189,9 @@ func TestRegionsGatewayCut(t *testing.T) {
 			p, rn.eu.node.Owns(p), rn.us.node.Owns(p))
 	}
 	waitFor(t, "the eu node owns every partition, the us node none", func() bool {
-		return owned(rn.eu.node) == rn.eu.node.Partitions() && owned(rn.us.node) == 0
+		return owned(rn.eu.node) == mesh.DefaultPartitions && owned(rn.us.node) == 0
 	})
-	t.Logf("cut: the eu node owns all %d partitions %s after the cut", rn.eu.node.Partitions(), time.Since(cutAt).Round(time.Millisecond))
+	t.Logf("cut: the eu node owns all %d partitions %s after the cut", mesh.DefaultPartitions, time.Since(cutAt).Round(time.Millisecond))
 	// From now on the us node serves no partition (it stopped serving
 	// before the eu node could take any over): us clients get only 503s,
 	// answered at the node's decision deadline.
@@ -247,7 +247,7 @@ func TestRegionsGatewayCut(t *testing.T) {
 	t.Logf("healed: after the heal: %v", back)
 	rev2 := putPolicy(t, rn.eu.nc, "rl_policies", "paced", pacedPolicy)
 	waitWithin(t, superclusterFormTimeout, "the us node applies a policy change after the heal", func() bool {
-		got, ok := rn.us.node.PolicyRevision("paced")
+		got, ok := policyRevision(rn.us.node, "paced")
 		return ok && got >= rev2
 	})
 	t.Logf("healed: the us node applied a policy change %s after the heal", time.Since(healAt).Round(time.Millisecond))
@@ -272,7 +272,7 @@ func TestRegionsGatewayCut(t *testing.T) {
 // owned returns the number of partitions n serves now.
 func owned(n *mesh.Node) int {
 	c := 0
-	for p := range n.Partitions() {
+	for p := range mesh.DefaultPartitions {
 		if n.Owns(p) {
 			c++
 		}

@@ -46,7 +46,7 @@ func TestMetricsNoDescriptorValues(t *testing.T) {
 			t.Errorf("metric %s missing", name)
 		}
 	}
-	info := fmt.Sprintf(`limitmesh_node_info{node=%q,roles="decide,ledger,shadow",version=%q}`, tn.node.ID(), mesh.Version)
+	info := fmt.Sprintf(`limitmesh_node_info{node=%q,roles="decide,ledger,shadow",version=%q}`, tn.id, mesh.Version)
 	if v := metricValue(t, tn, info); v != 1 {
 		t.Errorf("%s = %v, want 1", info, v)
 	}

@@ -307,12 +307,6 @@ func (b *base) stateBucket() string   { return b.cfg.Prefix + "_state" }
 func (b *base) shardBucket() string   { return b.cfg.Prefix + "_shards" }
 func (b *base) decideSubject() string { return b.cfg.Prefix + ".v1.decide" }
 
-// ID returns the node's id in the shards bucket.
-func (n *Node) ID() string { return n.cfg.NodeID }
-
-// Partitions returns the partition count.
-func (n *Node) Partitions() int { return n.cfg.Partitions }
-
 // PartitionOf returns the partition of a limit key.
 func (n *Node) PartitionOf(key string) int { return ownership.PartitionOf(key, n.cfg.Partitions) }
 
@@ -322,18 +316,6 @@ func (n *Node) Owns(p int) bool { return n.route.Serving(p) }
 // Epoch returns the epoch in which the node holds partition p (0 when it
 // does not hold it).
 func (n *Node) Epoch(p int) uint64 { return n.route.Epoch(p) }
-
-// PolicyRevision returns the KV revision of the version of policy name in
-// force on this node, and false when the node has no such policy. A put
-// reaches every node within about a second; tests and operators use this
-// to see that a particular node has applied it.
-func (n *Node) PolicyRevision(name string) (uint64, bool) {
-	p := n.policies.Current(name)
-	if p == nil {
-		return 0, false
-	}
-	return p.Revision, true
-}
 
 // Policy returns the version of policy name in force on this node, nil
 // when there is none. The policy is shared: do not modify it.

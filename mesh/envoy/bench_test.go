@@ -64,7 +64,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for r, ok := node.PolicyRevision("bench"); !ok || r < rev; r, ok = node.PolicyRevision("bench") {
+	for p := node.Policy("bench"); p == nil || p.Revision < rev; p = node.Policy("bench") {
 		time.Sleep(10 * time.Millisecond)
 	}
 

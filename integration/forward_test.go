@@ -35,7 +35,7 @@ func TestForwardLostReplyDecidedOnce(t *testing.T) {
 	waitExclusive(t, nodes)
 	tenant := tenantOwnedBy(t, nodes, 0)
 	desc := map[string]string{"tenant": tenant}
-	p := owner.node.PartitionOf(slowKey(tenant))
+	p := partitionOf(slowKey(tenant))
 	q := -1 // a partition the forwarder serves
 	for i := range mesh.DefaultPartitions {
 		if fwd.node.Owns(i) {
@@ -141,7 +141,7 @@ func TestForwardHandOverDecidedOnce(t *testing.T) {
 	waitExclusive(t, nodes)
 	tenant := tenantOwnedBy(t, nodes, 0)
 	desc := map[string]string{"tenant": tenant}
-	p := owner.node.PartitionOf(slowKey(tenant))
+	p := partitionOf(slowKey(tenant))
 	q := -1 // a partition the forwarder serves
 	for i := range mesh.DefaultPartitions {
 		if fwd.node.Owns(i) {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -109,6 +110,15 @@ func runNode(t testing.TB, nc *nats.Conn, cfg mesh.NodeConfig) *testNode {
 		hs.Close()
 	})
 	return tn
+}
+
+// partitionOf returns the partition of a limit key on a mesh of
+// mesh.DefaultPartitions partitions, by the rule of docs/protocol.md:
+// FNV-1a 32 of the key mod P.
+func partitionOf(key string) int {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % mesh.DefaultPartitions)
 }
 
 // policyRevision returns the KV revision of the version of policy name

@@ -122,7 +122,7 @@ func startCrashPair(t *testing.T) crashPair {
 	waitExclusive(t, nodes)
 	tenant := tenantOwnedBy(t, nodes, 1)
 	key := slowKey(tenant)
-	return crashPair{n0: n0, n1: n1, kill: kill, key: key, p: n0.node.PartitionOf(key),
+	return crashPair{n0: n0, n1: n1, kill: kill, key: key, p: partitionOf(key),
 		desc: map[string]string{"tenant": tenant}}
 }
 
@@ -173,16 +173,16 @@ func TestJournalFence(t *testing.T) {
 
 	desc := map[string]string{"tenant": "fenced"}
 	key := slowKey("fenced")
-	p := tn.node.PartitionOf(key)
+	p := partitionOf(key)
 	other := ""
 	for i := 0; other == ""; i++ {
-		if tn.node.PartitionOf(slowKey("other"+strconv.Itoa(i))) != p {
+		if partitionOf(slowKey("other"+strconv.Itoa(i))) != p {
 			other = "other" + strconv.Itoa(i)
 		}
 	}
 	otherDesc := map[string]string{"tenant": other}
 	waitFor(t, "the node owns every partition", func() bool {
-		return tn.node.Owns(p) && tn.node.Owns(tn.node.PartitionOf(slowKey(other)))
+		return tn.node.Owns(p) && tn.node.Owns(partitionOf(slowKey(other)))
 	})
 	if r := decide(t, tn.nc, "rl.v1.decide", req(desc, `"cost":10`)); !r.Allowed || whole(r) != 30 {
 		t.Fatalf("first spend: %+v", r)
@@ -415,7 +415,7 @@ func TestJournalStaleFence(t *testing.T) {
 	waitRevision(t, tn.nc, map[string]string{"tenant": "probe"}, rev)
 	desc := map[string]string{"tenant": "stale"}
 	key := slowKey("stale")
-	p := tn.node.PartitionOf(key)
+	p := partitionOf(key)
 	if r := decide(t, tn.nc, "rl.v1.decide", req(desc, `"cost":10`)); !r.Allowed || whole(r) != 30 {
 		t.Fatalf("first spend: %+v", r)
 	}
@@ -511,7 +511,7 @@ func TestJournalClaimerKilled(t *testing.T) {
 	waitExclusive(t, nodes)
 	tenant := tenantOwnedBy(t, nodes, 1)
 	desc := map[string]string{"tenant": tenant}
-	p := nodes[0].node.PartitionOf(slowKey(tenant))
+	p := partitionOf(slowKey(tenant))
 	first := decide(t, nodes[1].nc, "rl.v1.decide", req(desc, `"cost":15`))
 	if !first.Allowed || whole(first) != 25 {
 		t.Fatalf("spend through the owner: %+v", first)

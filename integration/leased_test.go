@@ -153,7 +153,7 @@ func TestLeasedGrantProtocol(t *testing.T) {
  "limits": [{"name": "rate", "algorithm": "token_bucket", "rate": "1/h", "burst": 100}]}`)
 	waitApplied(t, "leased", rev, tn)
 	key := leasedKey("proto")
-	part := tn.node.PartitionOf(key)
+	part := partitionOf(key)
 	var grants []leaseReply
 	for i := range 4 {
 		r := askOwner(t, tn.nc, part, acquireBody(key, "h1", 25_000_000))
@@ -221,7 +221,7 @@ func leasedTenantOwnedBy(t *testing.T, nodes []*testNode, i int) string {
 	t.Helper()
 	for k := range 10000 {
 		tenant := fmt.Sprintf("t%d", k)
-		if nodes[i].node.Owns(nodes[i].node.PartitionOf(leasedKey(tenant))) {
+		if nodes[i].node.Owns(partitionOf(leasedKey(tenant))) {
 			return tenant
 		}
 	}
@@ -250,7 +250,7 @@ func TestLeasedOwnerKilled(t *testing.T) {
 	waitExclusive(t, nodes)
 	tenant := leasedTenantOwnedBy(t, nodes, 1)
 	key := leasedKey(tenant)
-	part := n0.node.PartitionOf(key)
+	part := partitionOf(key)
 	var old []leaseReply
 	for range 3 {
 		r := askOwner(t, n0.nc, part, acquireBody(key, "h1", 10_000_000))
@@ -314,7 +314,7 @@ func TestLeasedOwnerStopped(t *testing.T) {
 	waitApplied(t, "leased", rev, nodes...)
 	waitExclusive(t, nodes)
 	key := leasedKey(leasedTenantOwnedBy(t, nodes, 1))
-	part := n0.node.PartitionOf(key)
+	part := partitionOf(key)
 	g := askOwner(t, n0.nc, part, acquireBody(key, "h1", 10_000_000))
 	if g.Result != "granted" {
 		t.Fatalf("acquire: %+v", g)

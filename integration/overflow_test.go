@@ -31,7 +31,7 @@ func TestMaxKeysOverflowMesh(t *testing.T) {
 	perNode := make([]int, len(nodes))
 	for k := range tenants {
 		tenant := fmt.Sprintf("t%d", k)
-		p := nodes[0].node.PartitionOf(key(tenant))
+		p := partitionOf(key(tenant))
 		for i, n := range nodes {
 			if n.node.Owns(p) && perNode[i] < 3 {
 				perNode[i]++
@@ -56,7 +56,7 @@ func TestMaxKeysOverflowMesh(t *testing.T) {
 		if r.Code != "" || r.Policy != "capped" {
 			t.Fatalf("%s: %+v", tenant, r)
 		}
-		if want := nodes[0].node.PartitionOf(key(tenant)); r.Partition != want {
+		if want := partitionOf(key(tenant)); r.Partition != want {
 			t.Fatalf("%s: partition hint %d, want its own key's %d", tenant, r.Partition, want)
 		}
 		switch {

@@ -86,7 +86,7 @@ func slowKey(tenant string) string { return "p.slow.tenant=" + tenant }
 // ownerOf returns the index of the node owning the tenant's partition.
 func ownerOf(t *testing.T, nodes []*testNode, tenant string) int {
 	t.Helper()
-	p := nodes[0].node.PartitionOf(slowKey(tenant))
+	p := partitionOf(slowKey(tenant))
 	o := owners(nodes)[p]
 	if len(o) != 1 {
 		t.Fatalf("partition %d owners %v", p, o)
@@ -204,7 +204,7 @@ func TestGracefulHandoff(t *testing.T) {
 	// Pick a tenant owned by node 1, the one to stop.
 	tenant := tenantOwnedBy(t, nodes, 1)
 	desc := map[string]string{"tenant": tenant}
-	p := nodes[0].node.PartitionOf(slowKey(tenant))
+	p := partitionOf(slowKey(tenant))
 	epoch := nodes[1].node.Epoch(p)
 	if r := decide(t, nodes[0].nc, "rl.v1.decide", req(desc, `"cost":30`)); !r.Allowed {
 		t.Fatalf("first spend: %+v", r)
@@ -250,7 +250,7 @@ func tenantOwnedBy(t *testing.T, nodes []*testNode, i int) string {
 	t.Helper()
 	for k := range 10000 {
 		tenant := "t" + strconv.Itoa(k)
-		if nodes[i].node.Owns(nodes[i].node.PartitionOf(slowKey(tenant))) {
+		if nodes[i].node.Owns(partitionOf(slowKey(tenant))) {
 			return tenant
 		}
 	}
@@ -267,7 +267,7 @@ func TestKilledOwnerTakeover(t *testing.T) {
 	nodes := meshNodes(t, []*mesh.Embedded{e}, 3)
 	tenant := tenantOwnedBy(t, nodes, 2)
 	desc := map[string]string{"tenant": tenant}
-	p := nodes[0].node.PartitionOf(slowKey(tenant))
+	p := partitionOf(slowKey(tenant))
 	epoch := nodes[2].node.Epoch(p)
 	r := decide(t, nodes[0].nc, "rl.v1.decide", req(desc, `"cost":38`))
 	if !r.Allowed {
@@ -315,7 +315,7 @@ func TestDeposedOwnerFenced(t *testing.T) {
 	n := nodes[0]
 	desc := map[string]string{"tenant": "fenced"}
 	key := slowKey("fenced")
-	p := n.node.PartitionOf(key)
+	p := partitionOf(key)
 	if r := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":10`)); !r.Allowed {
 		t.Fatalf("first spend: %+v", r)
 	}
@@ -427,7 +427,7 @@ func spendOnOwner(t *testing.T, tenant string) *ownerSpent {
 	t.Helper()
 	e := server(t, t.TempDir())
 	o := &ownerSpent{n: meshNodes(t, []*mesh.Embedded{e}, 1)[0], desc: map[string]string{"tenant": tenant}}
-	o.p = o.n.node.PartitionOf(slowKey(tenant))
+	o.p = partitionOf(slowKey(tenant))
 	if r := decide(t, o.n.nc, "rl.v1.decide", req(o.desc, `"cost":10`)); !r.Allowed {
 		t.Fatalf("first spend: %+v", r)
 	}
@@ -500,7 +500,7 @@ func TestShardSubjectAndClientHint(t *testing.T) {
 	e := server(t, t.TempDir())
 	nodes := meshNodes(t, []*mesh.Embedded{e}, 2)
 	desc := map[string]string{"tenant": "hinted"}
-	p := nodes[0].node.PartitionOf(slowKey("hinted"))
+	p := partitionOf(slowKey("hinted"))
 	m, err := nodes[0].nc.Request("rl.v1.decide", []byte(req(desc, `"dry_run":true`)), testTimeout)
 	if err != nil {
 		t.Fatal(err)

@@ -59,7 +59,7 @@ func (rn *regionNodes) tenantOwnedIn(t *testing.T, name string, keyOf func(tenan
 	n := rn.node(name).node
 	for k := range 10000 {
 		tenant := fmt.Sprintf("%s%d", name, k)
-		if n.Owns(n.PartitionOf(keyOf(tenant))) {
+		if n.Owns(partitionOf(keyOf(tenant))) {
 			return tenant
 		}
 	}
@@ -184,7 +184,7 @@ func TestRegionsGatewayCut(t *testing.T) {
 	loads["eu"]["us"].waitDecisions(t, before["eu"]["us"], 20, 4*testTimeout, "eu clients, us-owned key, cut")
 	t.Logf("cut: eu decides the us-owned key again %s after the cut (the eu node took its partition over)",
 		time.Since(cutAt).Round(time.Millisecond))
-	if p := rn.eu.node.PartitionOf(pacedKey(tenants["us"])); !rn.eu.node.Owns(p) || rn.us.node.Owns(p) {
+	if p := partitionOf(pacedKey(tenants["us"])); !rn.eu.node.Owns(p) || rn.us.node.Owns(p) {
 		t.Fatalf("partition %d of the us-owned key: eu owns %v, us owns %v; want eu alone",
 			p, rn.eu.node.Owns(p), rn.us.node.Owns(p))
 	}

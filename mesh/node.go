@@ -307,9 +307,6 @@ func (b *base) stateBucket() string   { return b.cfg.Prefix + "_state" }
 func (b *base) shardBucket() string   { return b.cfg.Prefix + "_shards" }
 func (b *base) decideSubject() string { return b.cfg.Prefix + ".v1.decide" }
 
-// PartitionOf returns the partition of a limit key.
-func (n *Node) PartitionOf(key string) int { return ownership.PartitionOf(key, n.cfg.Partitions) }
-
 // Owns reports whether the node serves partition p now.
 func (n *Node) Owns(p int) bool { return n.route.Serving(p) }
 

@@ -1,8 +1,10 @@
 // Package keys holds the limit keys a node decides: for each key an owner
 // core (owner.go) that decides calls in order and groups their writes
-// (group commit), the table of keys in memory, the driver that does each
-// core's store operations (run.go), the async write-behind timing
-// (flush.go), and the in-memory table of local-mode keys (local.go).
+// (group commit), the table of keys in memory (table.go), the driver that
+// does each core's store operations (run.go), and the parts the table
+// composes: the live-key caps and the overflow (overflow.go), the async
+// write-behind timing (flush.go), the blind-create score (blind.go) and
+// the in-memory table of local-mode keys (local.go).
 //
 // The store is asynchronous (kvstate.AsyncStore): a key's runner starts
 // an operation and returns; the result continues it. Time, timers and

@@ -328,3 +328,40 @@ func TestMaxKeysProbeFails(t *testing.T) {
 	}
 	ct.mustLive("p", 1)
 }
+
+// TestLiveKeysPlaces: a policy's keys take places up to MaxKeys; beyond
+// it a key is a probe, and once a probe found it absent it overflows
+// without a read until a place frees up or its partition moves away; a
+// key released before it rests takes its own place back.
+func TestLiveKeysPlaces(t *testing.T) {
+	p := tbPolicy(t, "p", 1, "10/s", 10, `,"max_keys":1`)
+	l := newLiveKeys(newFakeEnv(p))
+	call := &Call{Policy: p}
+	ls, probe, ok := l.place("a", call)
+	if ls == nil || probe || !ok || l.count("p") != 1 {
+		t.Fatalf("first key: %v %v %v, %d live", ls, probe, ok, l.count("p"))
+	}
+	if ls, probe, ok := l.place("b", call); ls != nil || !probe || !ok {
+		t.Fatalf("a key beyond max_keys: %v %v %v, want a probe", ls, probe, ok)
+	}
+	l.noteAbsent("b", 3)
+	if _, _, ok := l.place("b", call); ok {
+		t.Fatal("a key found absent takes a place or probes again")
+	}
+	if _, probe, ok := l.place("b", &Call{Policy: p, Overflow: true}); probe || !ok {
+		t.Fatal("an overflow key is capped")
+	}
+	// a, swept while its bucket refills, rests: it keeps its place.
+	e := &Entry{o: newOwner(l.env, 1, 0), live: ls, lastUsed: 0}
+	l.release("a", e, 0, true)
+	if l.count("p") != 1 {
+		t.Fatalf("%d live after a rests, want 1", l.count("p"))
+	}
+	if ls2, _, ok := l.place("a", call); ls2 != ls || !ok {
+		t.Fatal("a resting key does not take its place back")
+	}
+	l.prune(0, 3) // partition 3 moved away: b may be stored there now
+	if _, probe, ok := l.place("b", call); !probe || !ok {
+		t.Fatalf("after its partition moved: probe %v ok %v, want a probe", probe, ok)
+	}
+}

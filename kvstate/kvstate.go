@@ -26,7 +26,8 @@ package kvstate
 import (
 	"fmt"
 	"math"
-	"strconv"
+
+	"github.com/limitmesh/limitmesh/internal/wire"
 )
 
 // Unit is the number of micro-units in one unit of cost or capacity.
@@ -310,28 +311,7 @@ func satAdd(a, b int64) int64 {
 
 // AppendUnits appends v micro-units as a decimal number of units: the
 // integer part, then '.' and the fraction without trailing zeros when there
-// is one ("2.5", "3", "0.000001", "-1.5"). It is the one formatter of
-// micro-units: replies, summaries, reports and messages use it.
-func AppendUnits(b []byte, v int64) []byte {
-	u := uint64(v)
-	if v < 0 {
-		b = append(b, '-')
-		u = uint64(-(v + 1)) + 1
-	}
-	b = strconv.AppendUint(b, u/uint64(Unit), 10)
-	f := u % uint64(Unit)
-	if f == 0 {
-		return b
-	}
-	var digits [6]byte
-	for i := 5; i >= 0; i-- {
-		digits[i] = byte('0' + f%10)
-		f /= 10
-	}
-	n := 6
-	for digits[n-1] == '0' {
-		n--
-	}
-	b = append(b, '.')
-	return append(b, digits[:n]...)
-}
+// is one ("2.5", "3", "0.000001", "-1.5"). It is [wire.AppendUnits], the
+// one formatter of micro-units, named here for the packages that think in
+// kvstate's units.
+func AppendUnits(b []byte, v int64) []byte { return wire.AppendUnits(b, v) }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/apd/v3"
+	"github.com/limitmesh/limitmesh/internal/wire"
 	"github.com/limitmesh/limitmesh/kvstate"
 )
 
@@ -262,39 +263,9 @@ func appendRate(b []byte, l kvstate.Limit) []byte {
 
 // formatMicro writes micro-units as a decimal with the fractional digits
 // that are needed: 1500000 -> "1.5", 10000000 -> "10".
-func formatMicro(v int64) string {
-	return string(appendMicro(nil, v))
-}
+func formatMicro(v int64) string { return wire.FormatUnits(v) }
 
-func appendMicro(b []byte, v int64) []byte {
-	if v < 0 {
-		b = append(b, '-')
-		// Not reached for valid quantities; avoid overflow on MinInt64.
-		u := uint64(-(v + 1)) + 1
-		return appendMicroU(b, u)
-	}
-	return appendMicroU(b, uint64(v))
-}
-
-func appendMicroU(b []byte, u uint64) []byte {
-	unit := uint64(kvstate.Unit)
-	b = strconv.AppendUint(b, u/unit, 10)
-	frac := u % unit
-	if frac == 0 {
-		return b
-	}
-	var digits [maxFracDigits]byte
-	for i := maxFracDigits - 1; i >= 0; i-- {
-		digits[i] = byte('0' + frac%10)
-		frac /= 10
-	}
-	n := maxFracDigits
-	for digits[n-1] == '0' {
-		n--
-	}
-	b = append(b, '.')
-	return append(b, digits[:n]...)
-}
+func appendMicro(b []byte, v int64) []byte { return wire.AppendUnits(b, v) }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 

@@ -1,10 +1,10 @@
 package policies
 
 import (
-	"encoding/json"
 	"strconv"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/wire"
 	"github.com/limitmesh/limitmesh/kvstate"
 )
 
@@ -24,16 +24,16 @@ func (p *Policy) MarshalJSON() ([]byte, error) {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendJSONString(b, d.Name)
+		b = wire.AppendString(b, d.Name)
 		b = append(b, ':')
-		b = appendJSONString(b, d.Value)
+		b = wire.AppendString(b, d.Value)
 	}
 	b = append(b, `},"key":[`...)
 	for i, k := range p.Key {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendJSONString(b, k)
+		b = wire.AppendString(b, k)
 	}
 	b = append(b, `],"limits":[`...)
 	for i, l := range p.Limits {
@@ -41,9 +41,9 @@ func (p *Policy) MarshalJSON() ([]byte, error) {
 			b = append(b, ',')
 		}
 		b = append(b, `{"name":`...)
-		b = appendJSONString(b, l.Name)
+		b = wire.AppendString(b, l.Name)
 		b = append(b, `,"algorithm":`...)
-		b = appendJSONString(b, l.Algorithm.String())
+		b = wire.AppendString(b, l.Algorithm.String())
 		switch {
 		case l.Algorithm.Bucket():
 			b = append(b, `,"rate":"`...)
@@ -79,7 +79,7 @@ func (p *Policy) MarshalJSON() ([]byte, error) {
 	}
 	if p.Layer != "" {
 		b = append(b, `"layer":`...)
-		b = appendJSONString(b, p.Layer)
+		b = wire.AppendString(b, p.Layer)
 		b = append(b, ',')
 	}
 	b = append(b, `"max_keys":`...)
@@ -91,11 +91,6 @@ func (p *Policy) MarshalJSON() ([]byte, error) {
 		b = append(b, "false"...)
 	}
 	b = append(b, `,"description":`...)
-	b = appendJSONString(b, p.Description)
+	b = wire.AppendString(b, p.Description)
 	return append(b, '}'), nil
-}
-
-func appendJSONString(b []byte, s string) []byte {
-	q, _ := json.Marshal(s) // a string always marshals
-	return append(b, q...)
 }

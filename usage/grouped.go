@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/limitmesh/limitmesh/internal/wire"
 	"github.com/limitmesh/limitmesh/policies"
 )
 
@@ -200,11 +201,11 @@ func (g *groupEncoder) encode(dst []byte, node, policy, batch string, es []entry
 	}
 
 	dst = append(dst, `{"node":`...)
-	dst = appendString(dst, node)
+	dst = wire.AppendString(dst, node)
 	dst = append(dst, `,"policy":`...)
-	dst = appendString(dst, policy)
+	dst = wire.AppendString(dst, policy)
 	dst = append(dst, `,"batch":`...)
-	dst = appendString(dst, batch)
+	dst = wire.AppendString(dst, batch)
 	dst = append(dst, `,"t_us":`...)
 	dst = strconv.AppendInt(dst, tMin, 10)
 	dst = append(dst, `,"span_us":`...)
@@ -226,23 +227,23 @@ func (g *groupEncoder) encode(dst []byte, node, policy, batch string, es []entry
 	}
 	column("keys", func(e *encGroup) []byte {
 		suffix, _ := keySuffix(e.r.Key, policy)
-		return appendString(dst, suffix)
+		return wire.AppendString(dst, suffix)
 	})
 	column("revisions", func(e *encGroup) []byte { return strconv.AppendUint(dst, e.r.Revision, 10) })
 	column("allowed", func(e *encGroup) []byte { return strconv.AppendInt(dst, e.allowed, 10) })
-	column("allowed_units", func(e *encGroup) []byte { return appendMicro(dst, e.allowedU) })
+	column("allowed_units", func(e *encGroup) []byte { return wire.AppendUnits(dst, e.allowedU) })
 	column("denied", func(e *encGroup) []byte { return strconv.AppendInt(dst, e.denied, 10) })
-	column("denied_units", func(e *encGroup) []byte { return appendMicro(dst, e.deniedU) })
+	column("denied_units", func(e *encGroup) []byte { return wire.AppendUnits(dst, e.deniedU) })
 	column("costs", func(e *encGroup) []byte {
 		if e.uniform {
-			return appendMicro(dst, e.cost)
+			return wire.AppendUnits(dst, e.cost)
 		}
 		dst = append(dst, '[')
 		for i, di := range g.sorted[e.start : e.start+e.n] {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = appendMicro(dst, es[di].r.Cost)
+			dst = wire.AppendUnits(dst, es[di].r.Cost)
 		}
 		return append(dst, ']')
 	})
@@ -275,7 +276,7 @@ func (g *groupEncoder) encode(dst []byte, node, policy, batch string, es []entry
 		dst = append(dst, '[')
 		dst = strconv.AppendInt(dst, int64(gi), 10)
 		dst = append(dst, ',')
-		dst = appendString(dst, g.groups[gi].r.Key)
+		dst = wire.AppendString(dst, g.groups[gi].r.Key)
 		dst = append(dst, ']')
 	}
 	if !first {
@@ -301,9 +302,9 @@ func (g *groupEncoder) encode(dst []byte, node, policy, batch string, es []entry
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = appendString(dst, d.Name)
+			dst = wire.AppendString(dst, d.Name)
 			dst = append(dst, ':')
-			dst = appendString(dst, d.Value)
+			dst = wire.AppendString(dst, d.Value)
 		}
 		dst = append(dst, "}]"...)
 	}
@@ -385,7 +386,7 @@ func (g *groupEncoder) appendJournal(dst []byte, es []entry) []byte {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendString(dst, o.node+"."+o.boot)
+		dst = wire.AppendString(dst, o.node+"."+o.boot)
 	}
 	dst = append(dst, `],"journal":[`...)
 	for i, r := range runs {
@@ -422,7 +423,7 @@ func appendIndexed(dst []byte, field string, es []entry, value func(*entry) stri
 		dst = append(dst, '[')
 		dst = strconv.AppendInt(dst, int64(i), 10)
 		dst = append(dst, ',')
-		dst = appendString(dst, v)
+		dst = wire.AppendString(dst, v)
 		dst = append(dst, ']')
 	}
 	if any {

@@ -2,9 +2,8 @@ package usage
 
 import (
 	"strconv"
-	"unicode/utf8"
 
-	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/internal/wire"
 	"github.com/limitmesh/limitmesh/policies"
 )
 
@@ -84,7 +83,7 @@ func AppendRecord(dst []byte, r *Record) []byte { return appendRecord(dst, r, ""
 func appendRecord(dst []byte, r *Record, idPrefix string, n uint64) []byte {
 	dst = append(dst, `{"id":`...)
 	if r.ID != "" || idPrefix == "" {
-		dst = appendString(dst, r.ID)
+		dst = wire.AppendString(dst, r.ID)
 	} else {
 		dst = append(dst, '"')
 		dst = append(dst, idPrefix...) // node and boot are plain ASCII (validated)
@@ -96,18 +95,18 @@ func appendRecord(dst []byte, r *Record, idPrefix string, n uint64) []byte {
 	dst = append(dst, `,"revision":`...)
 	dst = strconv.AppendUint(dst, r.Revision, 10)
 	dst = append(dst, `,"key":`...)
-	dst = appendString(dst, r.Key)
+	dst = wire.AppendString(dst, r.Key)
 	dst = append(dst, `,"descriptor":{`...)
 	for i, d := range r.Descriptor {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendString(dst, d.Name)
+		dst = wire.AppendString(dst, d.Name)
 		dst = append(dst, ':')
-		dst = appendString(dst, d.Value)
+		dst = wire.AppendString(dst, d.Value)
 	}
 	dst = append(dst, `},"cost":`...)
-	dst = appendMicro(dst, r.Cost)
+	dst = wire.AppendUnits(dst, r.Cost)
 	if r.Allowed {
 		dst = append(dst, `,"result":"allowed"`...)
 	} else {
@@ -115,86 +114,14 @@ func appendRecord(dst []byte, r *Record, idPrefix string, n uint64) []byte {
 	}
 	if r.RequestID != "" {
 		dst = append(dst, `,"request_id":`...)
-		dst = appendString(dst, r.RequestID)
+		dst = wire.AppendString(dst, r.RequestID)
 	}
 	if r.Reservation != "" {
 		dst = append(dst, `,"reservation":`...)
-		dst = appendString(dst, r.Reservation)
+		dst = wire.AppendString(dst, r.Reservation)
 	}
 	return append(dst, '}')
 }
 
-const hexDigits = "0123456789abcdef"
-
-// appendString writes s as a JSON string: '"' and '\' escaped, control
-// characters as \u00XX, invalid UTF-8 as \ufffd, everything else as is.
-func appendString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
-			i++
-			continue
-		}
-		if c >= utf8.RuneSelf {
-			r, size := utf8.DecodeRuneInString(s[i:])
-			if r != utf8.RuneError || size != 1 {
-				i += size
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		dst = append(dst, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			dst = append(dst, '\\', c)
-		case '\n':
-			dst = append(dst, '\\', 'n')
-		case '\r':
-			dst = append(dst, '\\', 'r')
-		case '\t':
-			dst = append(dst, '\\', 't')
-		default:
-			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-		}
-		i++
-		start = i
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
-}
-
-// appendMicro writes micro-units v as a decimal with the fractional digits
-// it needs: 1500000 -> 1.5, 3000000 -> 3, -1 -> -0.000001.
-func appendMicro(dst []byte, v int64) []byte {
-	u := uint64(v)
-	if v < 0 {
-		dst = append(dst, '-')
-		u = uint64(-(v + 1)) + 1
-	}
-	unit := uint64(kvstate.Unit)
-	dst = strconv.AppendUint(dst, u/unit, 10)
-	frac := u % unit
-	if frac == 0 {
-		return dst
-	}
-	var digits [6]byte
-	for i := 5; i >= 0; i-- {
-		digits[i] = byte('0' + frac%10)
-		frac /= 10
-	}
-	n := 6
-	for digits[n-1] == '0' {
-		n--
-	}
-	dst = append(dst, '.')
-	return append(dst, digits[:n]...)
-}
-
 // FormatMicro returns micro-units v as a decimal ("2.5" for 2500000).
-func FormatMicro(v int64) string { return string(appendMicro(nil, v)) }
+func FormatMicro(v int64) string { return wire.FormatUnits(v) }

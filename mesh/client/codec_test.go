@@ -200,18 +200,6 @@ func FuzzAppendRequest(f *testing.F) {
 	})
 }
 
-func TestAppendJSONStringMatchesEncodingJSON(t *testing.T) {
-	for _, s := range []string{"", "plain", `q"b\s`, "\x00\x1f\x7f", "tab\tnl\ncr\r", "ünï", "\xff\xfe", "a\xc3"} {
-		want, _ := json.Marshal(s)
-		got := appendJSONString(nil, s)
-		var back, wantBack string
-		_ = json.Unmarshal(want, &wantBack)
-		if err := json.Unmarshal(got, &back); err != nil || back != wantBack {
-			t.Errorf("appendJSONString(%q) = %s decodes to %q (%v), encoding/json gives %q", s, got, back, err, wantBack)
-		}
-	}
-}
-
 // TestReplyPartitionHint: the hint comes from the reply's "partition"
 // field, from the header older nodes set when the field is absent, and is
 // empty when neither is there.

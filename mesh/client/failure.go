@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/limitmesh/limitmesh/internal/wire"
 )
 
 // DefaultMaxEmergencyBuckets is the default bound on the number of descriptor
@@ -192,18 +194,8 @@ func ceilMs(ns int64) time.Duration {
 	return time.Duration((ns+int64(time.Millisecond)-1)/int64(time.Millisecond)) * time.Millisecond
 }
 
-// microDecimal formats micro-units (>= 0) as a Decimal.
-func microDecimal(m int64) Decimal {
-	s := strconv.FormatInt(m/1_000_000, 10)
-	if f := m % 1_000_000; f != 0 {
-		fs := strconv.FormatInt(f+1_000_000, 10)[1:] // 6 digits with leading zeros
-		for fs[len(fs)-1] == '0' {
-			fs = fs[:len(fs)-1]
-		}
-		s += "." + fs
-	}
-	return Decimal(s)
-}
+// microDecimal formats micro-units as a Decimal.
+func microDecimal(m int64) Decimal { return Decimal(wire.FormatUnits(m)) }
 
 // descriptorKey is an injective encoding of a descriptor: its names sorted,
 // each name and value length-prefixed.

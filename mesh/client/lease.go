@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/wire"
 	"github.com/nats-io/nats.go"
 )
 
@@ -347,7 +348,7 @@ func (l *Lease) acquire(ctx context.Context, least int64) {
 		ctx, cancel = context.WithTimeout(ctx, l.c.opts.timeout)
 		defer cancel()
 	}
-	body := append([]byte(`{"op":"acquire","holder":`), appendJSONString(nil, l.c.opts.holder)...)
+	body := append([]byte(`{"op":"acquire","holder":`), wire.AppendString(nil, l.c.opts.holder)...)
 	body = append(body, `,"min":`...)
 	body = strconv.AppendInt(body, least, 10)
 	body = append(body, `,"descriptor":{`...)
@@ -357,9 +358,9 @@ func (l *Lease) acquire(ctx context.Context, least int64) {
 			body = append(body, ',')
 		}
 		first = false
-		body = appendJSONString(body, k)
+		body = wire.AppendString(body, k)
 		body = append(body, ':')
-		body = appendJSONString(body, v)
+		body = wire.AppendString(body, v)
 	}
 	body = append(body, "}}"...)
 	sent := l.c.mono()

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/limitmesh/limitmesh/internal/wire"
 )
 
 // Request is what the mapping function of a [Middleware] or
@@ -204,7 +206,7 @@ func writeDenied(w http.ResponseWriter, res *Result) {
 	w.WriteHeader(http.StatusTooManyRequests)
 	body := make([]byte, 0, 64+len(res.Policy))
 	body = append(body, `{"error":"rate_limit_exceeded","policy":`...)
-	body = appendJSONString(body, res.Policy)
+	body = wire.AppendString(body, res.Policy)
 	body = append(body, '}')
 	_, _ = w.Write(body)
 }

@@ -3,7 +3,8 @@ package client
 import (
 	"fmt"
 	"strconv"
-	"unicode/utf8"
+
+	"github.com/limitmesh/limitmesh/internal/wire"
 )
 
 // MaxCost is the largest cost the contract accepts, in whole units.
@@ -105,68 +106,22 @@ func appendRequest(dst []byte, d map[string]string, cost int64, o *decideOptions
 			dst = append(dst, ',')
 		}
 		first = false
-		dst = appendJSONString(dst, k)
+		dst = wire.AppendString(dst, k)
 		dst = append(dst, ':')
-		dst = appendJSONString(dst, v)
+		dst = wire.AppendString(dst, v)
 	}
 	dst = append(dst, `},"cost":`...)
 	if o.cost != "" {
-		dst = appendJSONString(dst, o.cost)
+		dst = wire.AppendString(dst, o.cost)
 	} else {
 		dst = strconv.AppendInt(dst, cost, 10)
 	}
 	if o.requestID != "" {
 		dst = append(dst, `,"request_id":`...)
-		dst = appendJSONString(dst, o.requestID)
+		dst = wire.AppendString(dst, o.requestID)
 	}
 	if o.dryRun {
 		dst = append(dst, `,"dry_run":true`...)
 	}
 	return append(dst, '}')
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends s as a JSON string. Control characters, quotes
-// and backslashes are escaped; invalid UTF-8 becomes U+FFFD, as with
-// encoding/json.
-func appendJSONString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		i += size
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
 }

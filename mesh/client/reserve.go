@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/limitmesh/limitmesh/internal/wire"
 )
 
 // Reservations (CONTRACT.md §10): when a request's true cost is known only
@@ -141,7 +143,7 @@ func (c *Client) Settle(ctx context.Context, id string, cost int64, opts ...Deci
 			return nil, err
 		}
 		body = append(body, `,"cost":`...)
-		body = appendJSONString(body, o.cost)
+		body = wire.AppendString(body, o.cost)
 	case cost == SettleReserved:
 	case cost < 0 || cost > MaxCost:
 		return nil, fmt.Errorf("%w: settle cost %d not in [0, %d]", ErrInvalidRequest, cost, MaxCost)
@@ -235,7 +237,7 @@ func checkID(id string) error {
 // appendReservation appends `{"reservation":"<id>"` (no closing brace).
 func appendReservation(dst []byte, id string) []byte {
 	dst = append(dst, `{"reservation":`...)
-	return appendJSONString(dst, id)
+	return wire.AppendString(dst, id)
 }
 
 // appendTTL appends `,"ttl":"<Go duration>"`.

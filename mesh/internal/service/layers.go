@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/wire"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
@@ -103,7 +104,7 @@ func appendHoldReply(b []byte, d keyrec.Decision, id string) []byte {
 	if d.Allowed {
 		b = b[:len(b)-1]
 		b = append(b, `,"reservation":`...)
-		b = appendQuoted(b, id)
+		b = wire.AppendString(b, id)
 		b = append(b, '}')
 	}
 	return b
@@ -518,9 +519,9 @@ func (ld *layerDecision) reply(err error) {
 			b = append(b, ',')
 		}
 		b = append(b, `{"layer":`...)
-		b = appendQuoted(b, ld.ps[i].Layer)
+		b = wire.AppendString(b, ld.ps[i].Layer)
 		b = append(b, `,"policy":`...)
-		b = appendQuoted(b, ld.ps[i].Name)
+		b = wire.AppendString(b, ld.ps[i].Name)
 		b = append(b, `,"revision":`...)
 		b = strconv.AppendUint(b, c.reply.Revision, 10)
 		b = append(b, `,"allowed":`...)
@@ -731,9 +732,9 @@ func decideBody(req request) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendQuoted(b, d.Name)
+		b = wire.AppendString(b, d.Name)
 		b = append(b, ':')
-		b = appendQuoted(b, d.Value)
+		b = wire.AppendString(b, d.Value)
 	}
 	b = append(b, `},"cost":`...)
 	b = AppendMicro(b, req.cost)

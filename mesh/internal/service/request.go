@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/limitmesh/limitmesh/internal/wire"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
@@ -298,7 +299,7 @@ func appendReply(b []byte, d keyrec.Decision, part int) []byte {
 	b = append(b, `{"allowed":`...)
 	b = strconv.AppendBool(b, d.Allowed)
 	b = append(b, `,"policy":`...)
-	b = appendQuoted(b, d.Policy)
+	b = wire.AppendString(b, d.Policy)
 	b = append(b, `,"revision":`...)
 	b = strconv.AppendUint(b, d.Revision, 10)
 	b = append(b, `,"remaining":`...)
@@ -316,20 +317,6 @@ func appendReply(b []byte, d keyrec.Decision, part int) []byte {
 
 // durationMillis converts ns to ms rounded up; Never stays -1 and negative
 // values are 0.
-// appendQuoted appends s as a JSON string: policy names (CONTRACT.md §3)
-// need no escape and are copied as they are; anything else goes through
-// strconv.AppendQuote (valid JSON for printable text).
-func appendQuoted(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
-			return strconv.AppendQuote(b, s)
-		}
-	}
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"')
-}
-
 func durationMillis(ns int64) int64 {
 	if ns == kvstate.Never {
 		return -1

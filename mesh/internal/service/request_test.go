@@ -4,9 +4,7 @@ import (
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 
-	"encoding/json"
 	"errors"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -73,24 +71,6 @@ func TestAppendReply(t *testing.T) {
 	for _, c := range cases {
 		if got := string(appendReply(nil, c.d, -1)); got != c.want {
 			t.Errorf("appendReply(%+v)\n got %s\nwant %s", c.d, got, c.want)
-		}
-	}
-}
-
-// appendQuoted copies plain names and quotes the rest as strconv does;
-// printable names come out as JSON strings that decode to the name.
-func TestAppendQuoted(t *testing.T) {
-	for _, s := range []string{"", "acme-search", "a_b.c:D9", "say \"hi\"", "back\\slash", "tab\there", "caf\u00e9", "\x7f"} {
-		got := appendQuoted([]byte("x"), s)
-		if want := strconv.AppendQuote([]byte("x"), s); string(got) != string(want) {
-			t.Errorf("appendQuoted(%q) = %s, want %s", s, got, want)
-		}
-		var back string
-		if s == "\x7f" {
-			continue // not printable: strconv's \x escape (policy names never have one)
-		}
-		if err := json.Unmarshal(got[1:], &back); err != nil || back != s {
-			t.Errorf("appendQuoted(%q) = %s: decodes to %q, %v", s, got, back, err)
 		}
 	}
 }

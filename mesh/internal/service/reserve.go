@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/wire"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
@@ -254,7 +255,7 @@ func (s *Service) finishRes(c *keys.Call, rq *routed) {
 	if c.Out.Allowed && !c.DryRun && op.Res.Seq != 0 {
 		b = b[:len(b)-1]
 		b = append(b, `,"reservation":`...)
-		b = appendQuoted(b, rq.idOf())
+		b = wire.AppendString(b, rq.idOf())
 		b = append(b, `,"expires_in_ms":`...)
 		b = strconv.AppendInt(b, max(durationMillis(op.Res.Expires-c.At), 0), 10)
 		b = append(b, '}')
@@ -280,9 +281,9 @@ func appendResReply(b []byte, id string, v *keyrec.Reservation, d keyrec.Decisio
 		outcome = "renewed"
 	}
 	b = append(b, `{"reservation":`...)
-	b = appendQuoted(b, id)
+	b = wire.AppendString(b, id)
 	b = append(b, `,"outcome":`...)
-	b = appendQuoted(b, outcome)
+	b = wire.AppendString(b, outcome)
 	b = append(b, `,"settled":`...)
 	b = AppendMicro(b, v.Settled)
 	b = append(b, `,"returned":`...)
@@ -290,7 +291,7 @@ func appendResReply(b []byte, id string, v *keyrec.Reservation, d keyrec.Decisio
 	b = append(b, `,"remaining":`...)
 	b = AppendMicro(b, max(d.Remaining, 0))
 	b = append(b, `,"policy":`...)
-	b = appendQuoted(b, d.Policy)
+	b = wire.AppendString(b, d.Policy)
 	b = append(b, `,"revision":`...)
 	b = strconv.AppendUint(b, d.Revision, 10)
 	if v.Outcome == keyrec.Open {

@@ -57,8 +57,8 @@ func decodeRequestFast(b []byte) (request, bool) { return decodeFast(b, nil) }
 // "ttl" string (a reserve body), stored in *ttl ("" when absent).
 func decodeFast(b []byte, ttl *string) (request, bool) {
 	var r request
-	d := fastDecoder{s: string(b)}
-	if !d.byte('{') {
+	d := wire.Scanner{Text: string(b)}
+	if !d.Consume('{') {
 		return r, false
 	}
 	var (
@@ -68,29 +68,29 @@ func decodeFast(b []byte, ttl *string) (request, bool) {
 		seenTTL                             bool
 	)
 	r.cost = kvstate.Unit
-	if d.peek() == '}' {
+	if d.Peek() == '}' {
 		return r, false // no descriptor: an error
 	}
 	for {
-		key, ok := d.str()
-		if !ok || !d.byte(':') {
+		key, ok := d.PlainString()
+		if !ok || !d.Consume(':') {
 			return r, false
 		}
 		switch key {
 		case "descriptor":
-			if seenDesc || !d.byte('{') {
+			if seenDesc || !d.Consume('{') {
 				return r, false
 			}
 			seenDesc = true
-			if d.peek() == '}' {
+			if d.Peek() == '}' {
 				return r, false // no dimensions: an error
 			}
 			for {
-				name, ok := d.str()
-				if !ok || !d.byte(':') {
+				name, ok := d.PlainString()
+				if !ok || !d.Consume(':') {
 					return r, false
 				}
-				value, ok := d.str()
+				value, ok := d.PlainString()
 				if !ok || ndims == len(dims) {
 					return r, false
 				}
@@ -101,10 +101,10 @@ func decodeFast(b []byte, ttl *string) (request, bool) {
 				}
 				dims[ndims] = policies.Dim{Name: name, Value: value}
 				ndims++
-				if d.byte('}') {
+				if d.Consume('}') {
 					break
 				}
-				if !d.byte(',') {
+				if !d.Consume(',') {
 					return r, false
 				}
 			}
@@ -117,13 +117,15 @@ func decodeFast(b []byte, ttl *string) (request, bool) {
 				text       string
 				ok, isNull bool
 			)
-			switch d.peek() {
+			switch d.Peek() {
 			case '"':
-				text, ok = d.str()
+				text, ok = d.PlainString()
 			case 'n':
-				ok, isNull = d.lit("null"), true
+				ok, isNull = d.Literal("null"), true
 			default:
-				text, ok = d.number()
+				var err error
+				text, err = d.Number()
+				ok = err == nil
 			}
 			if !ok {
 				return r, false
@@ -140,13 +142,13 @@ func decodeFast(b []byte, ttl *string) (request, bool) {
 				return r, false
 			}
 			seenID = true
-			if d.peek() == 'n' {
-				if !d.lit("null") {
+			if d.Peek() == 'n' {
+				if !d.Literal("null") {
 					return r, false
 				}
 				break
 			}
-			s, ok := d.str()
+			s, ok := d.PlainString()
 			if !ok || len(s) > MaxRequestIDBytes {
 				return r, false
 			}
@@ -156,7 +158,7 @@ func decodeFast(b []byte, ttl *string) (request, bool) {
 				return r, false
 			}
 			seenTTL = true
-			v, ok := d.str()
+			v, ok := d.PlainString()
 			if !ok {
 				return r, false
 			}
@@ -167,24 +169,23 @@ func decodeFast(b []byte, ttl *string) (request, bool) {
 			}
 			seenDry = true
 			switch {
-			case d.lit("true"):
+			case d.Literal("true"):
 				r.dryRun = true
-			case d.lit("false"), d.lit("null"):
+			case d.Literal("false"), d.Literal("null"):
 			default:
 				return r, false
 			}
 		default:
 			return r, false
 		}
-		if d.byte('}') {
+		if d.Consume('}') {
 			break
 		}
-		if !d.byte(',') {
+		if !d.Consume(',') {
 			return r, false
 		}
 	}
-	d.space()
-	if d.i != len(d.s) || !seenDesc {
+	if d.End() != nil || !seenDesc {
 		return r, false
 	}
 	desc, err := policies.NewDescriptor(append(make([]policies.Dim, 0, ndims), dims[:ndims]...))
@@ -193,103 +194,6 @@ func decodeFast(b []byte, ttl *string) (request, bool) {
 	}
 	r.desc = desc
 	return r, true
-}
-
-// fastDecoder is decodeRequestFast's cursor.
-type fastDecoder struct {
-	s string
-	i int
-}
-
-func (d *fastDecoder) space() {
-	for d.i < len(d.s) {
-		switch d.s[d.i] {
-		case ' ', '\t', '\n', '\r':
-			d.i++
-		default:
-			return
-		}
-	}
-}
-
-// peek returns the next byte after white space (0 at the end).
-func (d *fastDecoder) peek() byte {
-	d.space()
-	if d.i < len(d.s) {
-		return d.s[d.i]
-	}
-	return 0
-}
-
-// byte consumes c (after white space) if it is next.
-func (d *fastDecoder) byte(c byte) bool {
-	if d.peek() == c {
-		d.i++
-		return true
-	}
-	return false
-}
-
-// lit consumes the literal w if it is next.
-func (d *fastDecoder) lit(w string) bool {
-	d.space()
-	if len(d.s)-d.i >= len(w) && d.s[d.i:d.i+len(w)] == w {
-		d.i += len(w)
-		return true
-	}
-	return false
-}
-
-// str consumes a string of printable ASCII without escapes.
-func (d *fastDecoder) str() (string, bool) {
-	if !d.byte('"') {
-		return "", false
-	}
-	start := d.i
-	for d.i < len(d.s) {
-		c := d.s[d.i]
-		switch {
-		case c == '"':
-			d.i++
-			return d.s[start : d.i-1], true
-		case c < 0x20 || c > 0x7e || c == '\\':
-			return "", false
-		}
-		d.i++
-	}
-	return "", false
-}
-
-// number consumes a JSON number without sign or exponent: 0 or [1-9][0-9]*,
-// then optionally '.' and at least one digit.
-func (d *fastDecoder) number() (string, bool) {
-	d.space()
-	start := d.i
-	digits := func() int {
-		n := 0
-		for d.i < len(d.s) && d.s[d.i] >= '0' && d.s[d.i] <= '9' {
-			d.i++
-			n++
-		}
-		return n
-	}
-	n := digits()
-	if n == 0 || (n > 1 && d.s[start] == '0') {
-		return "", false
-	}
-	if d.i < len(d.s) && d.s[d.i] == '.' {
-		d.i++
-		if digits() == 0 {
-			return "", false
-		}
-	}
-	if d.i < len(d.s) {
-		switch d.s[d.i] {
-		case 'e', 'E', '-', '+', '.':
-			return "", false
-		}
-	}
-	return d.s[start:d.i], true
 }
 
 // appendReply appends the JSON reply body for d (CONTRACT.md §2) with,

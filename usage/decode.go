@@ -7,6 +7,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/limitmesh/limitmesh/internal/wire"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 )
@@ -36,7 +37,7 @@ import (
 func DecodeBatch(data []byte) (Batch, error) {
 	// One copy of the message: every string without escapes is a
 	// substring of it.
-	d := decoder{data: string(data)}
+	d := decoder{sc: wire.Scanner{Text: string(data)}}
 	return d.batch()
 }
 
@@ -45,7 +46,7 @@ func DecodeBatch(data []byte) (Batch, error) {
 // Batch.records asks for them: the ledger applies groups' totals and
 // reads journal positions from the batch.
 func decodeLedger(data []byte) (Batch, error) {
-	d := decoder{data: string(data), noIDs: true, noRecords: true}
+	d := decoder{sc: wire.Scanner{Text: string(data)}, noIDs: true, noRecords: true}
 	return d.batch()
 }
 
@@ -70,10 +71,9 @@ const maxSkipDepth = 32
 // dimSlab is how many descriptor entries are allocated at once.
 const dimSlab = 1024
 
-// decoder reads one batch from data; pos is the next byte.
+// decoder reads one batch.
 type decoder struct {
-	data      string
-	pos       int
+	sc        wire.Scanner   // the message's text and the cursor
 	dims      []policies.Dim // free part of the slab descriptors are cut from
 	noIDs     bool           // grouped records get no ids (decodeLedger)
 	noRecords bool           // grouped messages get no records until asked (decodeLedger)
@@ -164,8 +164,7 @@ func (d *decoder) batch() (Batch, error) {
 	if err != nil {
 		return Batch{}, err
 	}
-	d.ws()
-	if d.pos != len(d.data) {
+	if d.sc.End() != nil {
 		return Batch{}, fail(top, "trailing data after the batch")
 	}
 	switch {
@@ -202,9 +201,9 @@ func (d *decoder) records() ([]Record, error) {
 	}
 	// Records are about 150 bytes of JSON or more: a capacity guess that
 	// saves most regrowth.
-	out := make([]Record, 0, min(4096, (len(d.data)-d.pos)/150+1))
+	out := make([]Record, 0, min(4096, (len(d.sc.Text)-d.sc.Pos)/150+1))
 	if d.peek() == ']' {
-		d.pos++
+		d.sc.Pos++
 		return out, nil
 	}
 	for i := 0; ; i++ {
@@ -215,9 +214,9 @@ func (d *decoder) records() ([]Record, error) {
 		out = append(out, r)
 		switch d.peek() {
 		case ',':
-			d.pos++
+			d.sc.Pos++
 		case ']':
-			d.pos++
+			d.sc.Pos++
 			return out, nil
 		default:
 			return nil, fail(at, "unexpected input after a record")

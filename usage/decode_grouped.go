@@ -256,8 +256,8 @@ func (d *decoder) groupedField(name string, g *groupedRaw) (known bool, err erro
 // 18 digits without leading zeros) is read in one loop; anything else
 // takes the general path from where that loop stopped.
 func (d *decoder) ints(at loc, dst []int64, signed bool) ([]int64, error) {
-	d.ws()
-	data, i := d.data, d.pos
+	d.sc.Space()
+	data, i := d.sc.Text, d.sc.Pos
 	if i < len(data) && data[i] == '[' && i+1 < len(data) && data[i+1] != ']' {
 		i++
 		for len(dst) < maxGrouped {
@@ -283,27 +283,27 @@ func (d *decoder) ints(at loc, dst []int64, signed bool) ([]int64, error) {
 			dst = append(dst, v)
 			i++
 			if data[i-1] == ']' {
-				d.pos = i
+				d.sc.Pos = i
 				return dst, nil
 			}
 		}
 		if len(dst) > 0 {
 			// Continue the array from element len(dst) in the general form.
-			d.pos = i
+			d.sc.Pos = i
 			return d.intsRest(at, dst, signed)
 		}
 	}
 	return d.intsRest(at, dst[:0], signed)
 }
 
-// intsRest is ints' general path: from d.pos, the array's opening bracket
+// intsRest is ints' general path: from the cursor, the array's opening bracket
 // when dst is empty, else the element after dst's last.
 func (d *decoder) intsRest(at loc, dst []int64, signed bool) ([]int64, error) {
 	elem := func(int) error {
 		neg := false
 		if signed && d.peek() == '-' {
 			neg = true
-			d.pos++
+			d.sc.Pos++
 		}
 		u, err := d.uint(at)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/limitmesh/limitmesh/internal/wire"
 	"pgregory.net/rapid"
 )
 
@@ -402,12 +403,12 @@ func FuzzInts(f *testing.F) {
 		f.Add(s, true)
 	}
 	f.Fuzz(func(t *testing.T, s string, signed bool) {
-		fast := decoder{data: s}
+		fast := decoder{sc: wire.Scanner{Text: s}}
 		a, errA := fast.ints(top, nil, signed)
-		slow := decoder{data: s}
+		slow := decoder{sc: wire.Scanner{Text: s}}
 		b, errB := slow.intsRest(top, nil, signed)
-		if (errA == nil) != (errB == nil) || errA == nil && (!reflect.DeepEqual(a, b) || fast.pos != slow.pos) {
-			t.Fatalf("%q: one loop %v %v (at %d), general %v %v (at %d)", s, a, errA, fast.pos, b, errB, slow.pos)
+		if (errA == nil) != (errB == nil) || errA == nil && (!reflect.DeepEqual(a, b) || fast.sc.Pos != slow.sc.Pos) {
+			t.Fatalf("%q: one loop %v %v (at %d), general %v %v (at %d)", s, a, errA, fast.sc.Pos, b, errB, slow.sc.Pos)
 		}
 	})
 }

@@ -392,15 +392,16 @@ func (c *shardCore) renewed(op shardOp, rev uint64, err error, conflict bool, no
 		c.lose(op.part)
 	default:
 		h.state = holdOwned
-		h.retryAt = now + c.retryPause()
+		h.retryAt = op.at + c.retryPause()
 	}
 }
 
-// retryPause is the pause after a failed renewal or heartbeat before the
-// next: the runner ticks the core after every result, and a write that
-// fails at once (a closed connection) must not be sent again at once, in a
-// loop that takes the CPU the live nodes need for their own renewals
-// (invariant O6 of docs/protocol.md).
+// retryPause is the pause between the send of a failed renewal or
+// heartbeat and the next: the runner ticks the core after every result,
+// and a write that fails at once (a closed connection) must not be sent
+// again at once, in a loop that takes the CPU the live nodes need for their
+// own renewals; one that failed by its timeout has waited longer already
+// and is sent again at once (invariant O6 of docs/protocol.md).
 func (c *shardCore) retryPause() int64 { return c.lease.RetryPause() }
 
 // renewLanded reports an opRenew that came back as a conflict although it

@@ -949,3 +949,23 @@ func TestShardHeartbeatWaitsForTheWatch(t *testing.T) {
 		t.Fatalf("%d heartbeats once the last came back, want 2", len(beats))
 	}
 }
+
+// TestShardRenewalTimedOutSentAgainAtOnce: the retry pause counts from a
+// failed renewal's send, so one that failed by its timeout (longer than the
+// pause) is sent again at the next tick, while one that failed at once
+// waits the pause.
+func TestShardRenewalTimedOutSentAgainAtOnce(t *testing.T) {
+	const parts, lease, timeout = 2, 3200, 3200 / 6
+	now := int64(1)
+	c := heldCore(t, parts, lease, now)
+	now += lease / 3
+	op := opsOf(c.tick(now), 0)
+	if len(op) != 1 || op[0].kind != opRenew {
+		t.Fatalf("after lease/3: ops %+v, want a renewal", op)
+	}
+	now += timeout
+	c.renewed(op[0], 0, errors.New("nats: timeout"), false, now)
+	if op = opsOf(c.tick(now), 0); len(op) != 1 || op[0].kind != opRenew || op[0].at != now {
+		t.Fatalf("after a renewal timed out: ops %+v, want it sent again at once", op)
+	}
+}

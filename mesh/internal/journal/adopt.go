@@ -195,9 +195,22 @@ func (j *Journal) Release(p int, holdUntil time.Time, timeout time.Duration, don
 		})
 	}
 	stop := j.rt.AfterFunc(timeout, func() { finish(fmt.Errorf("checkpoint of partition %d: no end within %v", p, timeout)) })
-	j.ck.run(p, func() bool { return j.now().Before(holdUntil) }, func(err error) {
-		stop()
-		finish(err)
+	// A barrier first: an append of the partition whose outcome is unknown
+	// (J13, J15) is resolved before the checkpoint, committed if it landed
+	// (the checkpoint then writes its records) or kept from landing by the
+	// barrier. Otherwise it could land after the entry is deleted, unseen
+	// by the next owner, which claims without fencing this journal and
+	// reads the state bucket (J16).
+	j.barrier(p, j.recs.genOf(p), j.now().Add(timeout), func(_ uint64, err error) {
+		if err != nil {
+			stop()
+			finish(fmt.Errorf("appending a barrier before the checkpoint: %w", err))
+			return
+		}
+		j.ck.run(p, func() bool { return j.now().Before(holdUntil) }, func(err error) {
+			stop()
+			finish(err)
+		})
 	})
 }
 

@@ -125,8 +125,9 @@ type shardCore struct {
 	// adopts them from this node's journal. 0: none.
 	kept []uint64
 
-	// sent[n]: this incarnation sent a claim of partition n (an entry
-	// naming this node that it never claimed is an earlier incarnation's).
+	// sent[n]: a claim of partition n by this incarnation landed (an
+	// entry naming this node that it never claimed is an earlier
+	// incarnation's; a claim that failed leaves the entry as it was).
 	sent []bool
 
 	// claimFails[n] counts the consecutive failed claims of partition n
@@ -323,7 +324,6 @@ func (c *shardCore) tick(now int64) []shardOp {
 
 func (c *shardCore) claim(n int, rev uint64, sources []string, now int64) shardOp {
 	c.mine[n] = holding{state: holdClaiming, sentAt: now}
-	c.sent[n] = true
 	return shardOp{kind: opClaim, part: n, rev: rev, at: now, sources: sources}
 }
 
@@ -356,6 +356,7 @@ func (c *shardCore) claimed(op shardOp, rev uint64, err error, now int64) {
 	if h.state != holdClaiming {
 		return
 	}
+	c.sent[op.part] = c.sent[op.part] || rev != 0 // the claim landed (its adoption may have failed)
 	if err != nil {
 		*h = holding{}
 		c.claimFails[op.part]++

@@ -82,6 +82,13 @@ func (s *sched) runUntil(t int64) {
 		if e.node != nil && (e.life != e.node.life || !e.node.up) {
 			continue // the node crashed since: its callbacks are gone
 		}
+		if e.node != nil && e.node.pausedUntil > e.at {
+			// The node's process is paused: its callbacks run, in their
+			// order, when it resumes.
+			e.at = e.node.pausedUntil
+			heap.Push(&s.q, e)
+			continue
+		}
 		e.f()
 		s.steps++
 		if s.onStep != nil {

@@ -103,9 +103,10 @@ func (n *node) sweepOnce() {
 var sweepLag = int64(2*service.SweepInterval) * (1_000_000 + maxDrift) / 1_000_000
 
 // noteOpen tracks key as the service's NoteReservations does (a record
-// loaded with open reservations).
+// loaded with open reservations), for any key (the decided keys and the
+// reserved ones: the conc keys are reserved only).
 func (n *node) noteOpen(key string, open int, next int64) {
-	for _, k := range n.sim.keys {
+	for _, k := range append(n.sim.keys, n.sim.resKeys...) {
 		if k.name == key {
 			n.track(k, open, next)
 			return

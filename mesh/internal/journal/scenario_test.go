@@ -581,3 +581,40 @@ func TestReleaseResolvesAnUnknownAppend(t *testing.T) {
 		t.Fatalf("after the release the state bucket holds %q (%v), want the record of the batch that landed", got, err)
 	}
 }
+
+// stepTimeouts is a Stream that records the longest timeout given to a
+// fence's publish.
+type stepTimeouts struct {
+	Stream
+	mu      sync.Mutex
+	longest time.Duration
+}
+
+func (s *stepTimeouts) Publish(subj string, data []byte, ttl, timeout time.Duration, done func(uint64, error)) {
+	s.mu.Lock()
+	s.longest = max(s.longest, timeout)
+	s.mu.Unlock()
+	s.Stream.Publish(subj, data, ttl, timeout, done)
+}
+
+// TestAdoptionStepsHaveTheOperationTimeout (J12): a step of an adoption
+// (here the fence of a source's journal) is bounded by the per-operation
+// timeout, not by what is left of the adoption's deadline: a lost message
+// costs one step, not the adoption (an early simulation seed: one slow
+// step used up a whole adoption's deadline, and the partition went
+// without an owner for it).
+func TestAdoptionStepsHaveTheOperationTimeout(t *testing.T) {
+	const p = 2
+	j, _, _ := testJournal(t)
+	s := &stepTimeouts{Stream: j.cfg.Stream}
+	j.cfg.Stream = s
+	err := wait(t, func(done func(error)) { j.Adopt(p, []string{"other"}, 7, time.Minute, done) })
+	if err != nil {
+		t.Fatalf("adopt: %v", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.longest == 0 || s.longest > j.cfg.Timeout {
+		t.Fatalf("the fence's publish had a timeout of %v; want at most the operation timeout %v (the adoption's is a minute)", s.longest, j.cfg.Timeout)
+	}
+}

@@ -50,6 +50,16 @@ func Plant(b Bug) (undo func()) {
 	return func() { planted[b] = false }
 }
 
+// Parse returns the bug String names name.
+func Parse(name string) (Bug, bool) {
+	for b := range count {
+		if b.String() == name {
+			return b, true
+		}
+	}
+	return 0, false
+}
+
 // String names b.
 func (b Bug) String() string {
 	switch b {

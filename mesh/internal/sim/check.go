@@ -23,10 +23,17 @@ import (
 //	    most burst + rate × elapsed (with the clocks' and the decision
 //	    deadline's slack) over any span;
 //	M5  after the faults end, every partition gets exactly one owner and
-//	    every key is decided again, from a record holding every admission;
+//	    every key is decided again, from a record holding every admission
+//	    (after every step from convergeLeases after the faults end: no
+//	    partition without an owner for more than a lease; at the end; and
+//	    over TestSimulation's seeds, the share of time without an owner);
 //	U1-U3 (usage.go) the usage the journal offers reaches the ledger once;
 //	R1-R4 (rescheck.go) reservations are never forgotten, end once, hold
 //	    no limit beyond its capacity and give back what expires.
+//
+// M1 and M2 are checked after every step (step), M3 and M4 at every
+// answer a client gets (outcome, admitRate), M3 and M5 at the end too
+// (final).
 
 // checker holds what the checks need and the first violation.
 type checker struct {
@@ -43,6 +50,9 @@ type checker struct {
 	unservedSince []int64
 	lastStep      int64
 	unserved      int64
+	// countUntil is the global instant of the last admission of a count
+	// key (they admit through the faults: Config.Limit).
+	countUntil int64
 	// the calls clients were told were admitted and denied (U2, U3)
 	admittedIDs, deniedIDs map[string]bool
 	violations             []error // the first ones found during the run (fail)
@@ -158,6 +168,7 @@ func (c *checker) outcome(cc *clientCall, n *node, kc *keys.Call) {
 	c.admittedIDs[cc.id] = true
 	k := cc.k
 	if k.count {
+		c.countUntil = s.s.now
 		count := int64(s.cfg.Limit) - kc.Out.Remaining/kvstate.Unit
 		m := c.counts[k.name]
 		if m == nil {
@@ -301,8 +312,8 @@ const probeTries = 5
 
 // Stats summarizes the run's traffic.
 func (c *checker) Stats() string {
-	return fmt.Sprintf("%d calls: %d admitted, %d denied, %d errors, %d unavailable, %d lost with their node; partitions unserved %.3f%% of the time after converging; %s",
-		c.calls, c.admitted, c.denied, c.errs, c.unavailable, c.lost, 100*c.unservedShare(), c.s.res.Stats())
+	return fmt.Sprintf("%d calls: %d admitted, %d denied, %d errors, %d unavailable, %d lost with their node; count keys admitted until %.3fs; partitions unserved %.3f%% of the time after converging; %s",
+		c.calls, c.admitted, c.denied, c.errs, c.unavailable, c.lost, float64(c.countUntil)/1e9, 100*c.unservedShare(), c.s.res.Stats())
 }
 
 // unservedShare is the share of partition-time without an owner from
@@ -313,14 +324,4 @@ func (c *checker) unservedShare() float64 {
 		return 0
 	}
 	return float64(c.unserved) / float64(span*int64(c.s.cfg.Parts))
-}
-
-// anyUp returns the first node that runs.
-func (s *Sim) anyUp() *node {
-	for _, n := range s.nodes {
-		if n.up {
-			return n
-		}
-	}
-	return s.nodes[0]
 }

@@ -39,15 +39,17 @@ func TestPlantedBugs(t *testing.T) {
 		t.Run(pb.bug.String(), func(t *testing.T) {
 			undo := bugs.Plant(pb.bug)
 			defer undo()
-			seed, err := firstViolation(pb.seeds)
+			seed, err := firstViolation(pb.seeds, func(err error) bool { return knownBug(err) == nil })
 			if err == nil {
-				t.Fatalf("with %v planted, %d seeds report no violation: the simulation does not check the mechanism", pb.bug, pb.seeds)
+				t.Fatalf("with %v planted, %d seeds report no violation: the simulation does not check the mechanism (go test ./mesh/internal/sim -run TestSimulation -sim.plant=%v -sim.seeds=%d -v)",
+					pb.bug, pb.seeds, pb.bug, pb.seeds)
 			}
 			first, _, _ := strings.Cut(err.Error(), "\n")
 			if !violates(err, pb.want) {
-				t.Fatalf("with %v planted, seed %d reports %q; want a violation of %v", pb.bug, seed, first, pb.want)
+				t.Fatalf("with %v planted, seed %d reports %q; want a violation of %v\nreproduce: go test ./mesh/internal/sim -run TestSimulation -sim.plant=%v -sim.seed=%d -sim.trace -v",
+					pb.bug, seed, first, pb.want, pb.bug, seed)
 			}
-			t.Logf("seed %d of %d: %s", seed, pb.seeds, first)
+			t.Logf("seed %d of %d: %s (go test ./mesh/internal/sim -run TestSimulation -sim.plant=%v -sim.seed=%d -sim.trace -v)", seed, pb.seeds, first, pb.bug, seed)
 		})
 	}
 }
@@ -70,10 +72,10 @@ func violates(err error, want []string) bool {
 }
 
 // firstViolation runs the normal configuration's seeds 1..seeds in
-// parallel and returns the lowest seed that reports a violation other
-// than a known bug's, and its error (nil: none). Every seed below the one
-// returned is run, so the answer does not depend on the scheduling.
-func firstViolation(seeds uint64) (uint64, error) {
+// parallel and returns the lowest seed whose violations match, and its
+// error (nil: none). Every seed below the one returned is run, so the
+// answer does not depend on the scheduling.
+func firstViolation(seeds uint64, match func(error) bool) (uint64, error) {
 	var (
 		next  atomic.Uint64
 		mu    sync.Mutex
@@ -96,7 +98,7 @@ func firstViolation(seeds uint64) (uint64, error) {
 				if err == nil {
 					err = s.Run()
 				}
-				if err == nil || knownBug(err) != nil {
+				if err == nil || !match(err) {
 					continue
 				}
 				mu.Lock()
@@ -132,7 +134,7 @@ func TestSameSeedSameTrace(t *testing.T) {
 		b, bSteps, bErr := run()
 		for i := range min(len(a), len(b)) {
 			if a[i] != b[i] {
-				t.Fatalf("seed %d: the runs differ at trace line %d:\n%s\n%s", seed, i, a[i], b[i])
+				t.Fatalf("seed %d: the runs differ at trace line %d:\n%s\n%s\nreproduce: go test ./mesh/internal/sim -run TestSimulation -sim.seed=%d -sim.trace -v (twice)", seed, i, a[i], b[i], seed)
 			}
 		}
 		if len(a) != len(b) || aSteps != bSteps || aErr != bErr {

@@ -26,8 +26,8 @@ type Config struct {
 	ReplicaLag float64       // probability a direct get is answered by a replica a few messages behind (0.2; negative: none)
 	Faults     bool          // crashes, leaves, cuts, stale leaders, elections, watch stalls and lag, process pauses, clock errors
 	// Limit is the count policy's limit. By default it is sized to the
-	// offered load: a count key admits through the faults and reaches its
-	// limit about halfway into the settle time.
+	// offered load (128): a count key admits through the faults, and most
+	// reach their limit in the settle time.
 	Limit int
 	Debug bool // the nodes' debug logs go into the trace
 	// Reserve is the rate of reservations (reserve requests per simulated
@@ -60,7 +60,7 @@ func (c Config) Defaults() Config {
 	}
 	if c.Limit == 0 {
 		perKey := c.Rate / decideKeys // requests per second of one count key
-		c.Limit = int(perKey * (c.Duration + c.Settle/2 - c.Lease).Seconds())
+		c.Limit = int(perKey * (c.Duration + c.Settle/4 - c.Lease).Seconds())
 	}
 	if c.Reserve == 0 {
 		c.Reserve = 16

@@ -95,7 +95,7 @@ func TestSimulation(t *testing.T) {
 	if seeds >= 100 && share > maxUnserved {
 		// M5 over many runs: with 1% of messages lost, one lost message
 		// must not take a partition off the mesh (O6: 0.65% when a lost
-		// renewal timed out at the self-fence; 0.01% since).
+		// renewal timed out at the self-fence; about 0.015% since).
 		t.Errorf("M5: partitions went without an owner %.4f%% of the time after converging, over %d seeds (at most %.2f%%)",
 			100*share, seeds, 100*maxUnserved)
 	}

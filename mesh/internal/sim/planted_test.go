@@ -159,3 +159,32 @@ func byInstant(trace []string) []string {
 	}
 	return out
 }
+
+// faultKinds are the seven faults fault() draws, as the trace names them.
+var faultKinds = []string{" crashes", " leaves", " cut off", " reads from a cut-off leader", " elects a leader", "'s watch stalls", " pauses for"}
+
+// TestEveryFaultOccurs: each of the seven fault draws injects its fault in
+// the first 10 seeds (a draw whose conditions never hold checks nothing).
+func TestEveryFaultOccurs(t *testing.T) {
+	seen := map[string]int{}
+	for seed := uint64(1); seed <= 10; seed++ {
+		s, err := New(Config{Seed: seed, Faults: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Run()
+		for _, line := range s.trace {
+			for _, f := range faultKinds {
+				if strings.Contains(line, f) {
+					seen[f]++
+				}
+			}
+		}
+	}
+	for _, f := range faultKinds {
+		if seen[f] == 0 {
+			t.Errorf("no fault %q in 10 seeds", strings.TrimSpace(f))
+		}
+	}
+	t.Logf("faults in 10 seeds: %v", seen)
+}

@@ -120,6 +120,11 @@ func (n *node) noteRecord(key string, record []byte) {
 	if err != nil {
 		return
 	}
+	if n.sim.cfg.Debug {
+		for _, r := range rec.Reservations {
+			n.sim.logf("%s adopted %s with reservation %d (expires %d, outcome %v) version %d", n.id, key, r.Seq, r.Expires, r.Outcome, rec.Version)
+		}
+	}
 	if open, next := rec.OpenReservations(); open > 0 {
 		n.noteOpen(key, open, next)
 	}

@@ -3,6 +3,7 @@ package journal
 import (
 	"fmt"
 
+	"github.com/limitmesh/limitmesh/mesh/internal/bugs"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"maps"
 	"slices"
@@ -60,6 +61,11 @@ func (j *Journal) barrier(p int, gen uint64, deadline time.Time, done func(uint6
 func (j *Journal) Adopt(p int, sources []string, epoch uint64, timeout time.Duration, done func(error)) {
 	gen := j.recs.adopting(p)
 	deadline := j.now().Add(timeout)
+	if bugs.Planted(bugs.AdoptBeforeServe) { // a test's planted bug
+		j.recs.adopted(p, gen)
+		done(nil)
+		done = func(error) {}
+	}
 	latest := make(map[string][]byte)
 	var next func(i int)
 	next = func(i int) {
@@ -94,6 +100,10 @@ func (j *Journal) Adopt(p int, sources []string, epoch uint64, timeout time.Dura
 				}
 				read(seq, err)
 			})
+			return
+		}
+		if bugs.Planted(bugs.JournalFence) { // a test's planted bug
+			j.cfg.Stream.Last(j.subjOf(src), j.opTimeout(deadline), read)
 			return
 		}
 		msg := appendFence(nil, fence{part: p, epoch: epoch, node: j.cfg.Self})
@@ -195,9 +205,22 @@ func (j *Journal) Release(p int, holdUntil time.Time, timeout time.Duration, don
 		})
 	}
 	stop := j.rt.AfterFunc(timeout, func() { finish(fmt.Errorf("checkpoint of partition %d: no end within %v", p, timeout)) })
-	j.ck.run(p, func() bool { return j.now().Before(holdUntil) }, func(err error) {
-		stop()
-		finish(err)
+	// A barrier first: an append of the partition whose outcome is unknown
+	// (J13, J15) is resolved before the checkpoint, committed if it landed
+	// (the checkpoint then writes its records) or kept from landing by the
+	// barrier. Otherwise it could land after the entry is deleted, unseen
+	// by the next owner, which claims without fencing this journal and
+	// reads the state bucket (J16).
+	j.barrier(p, j.recs.genOf(p), j.now().Add(timeout), func(_ uint64, err error) {
+		if err != nil {
+			stop()
+			finish(fmt.Errorf("appending a barrier before the checkpoint: %w", err))
+			return
+		}
+		j.ck.run(p, func() bool { return j.now().Before(holdUntil) }, func(err error) {
+			stop()
+			finish(err)
+		})
 	})
 }
 

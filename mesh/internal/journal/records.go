@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/limitmesh/limitmesh/mesh/internal/bugs"
 )
 
 // The records: the latest journalled record of every key that is not in
@@ -138,7 +140,7 @@ func (r *records) stale(x *write) bool {
 // supersededLocked is superseded with r.mu held.
 func (r *records) supersededLocked(key string, expect uint64) bool {
 	e := r.entries[key]
-	if e == nil || e.orphan {
+	if e == nil || e.orphan || bugs.Planted(bugs.ExpectedRecord) {
 		return false
 	}
 	if expect&journalRevBit != 0 {

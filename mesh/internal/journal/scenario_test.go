@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -545,4 +546,75 @@ func writeUsage(t *testing.T, j *Journal, key string, p int, v, expect uint64, d
 		j.w.enqueue(&write{key: key, val: versioned("x", v), usage: []keyrec.Usage{{Cost: 1}}, part: p, gen: j.recs.genOf(p),
 			expect: expect, deadline: deadline, done: func(_ uint64, err error) { done(err) }})
 	})
+}
+
+// TestReleaseResolvesAnUnknownAppend (J16): a release checkpoints the
+// records of an append whose outcome was unknown and that landed (its
+// writes failed by their deadline, so the key owner's decisions are gone,
+// but the journal holds them): the next owner claims over the deleted entry
+// without reading this journal and loads the state bucket, which must hold
+// them (simulation seed 658 with message loss: a reservation released in
+// the landed batch was released again by the next owner).
+func TestReleaseResolvesAnUnknownAppend(t *testing.T) {
+	const p = 4
+	key := keyIn(p, "")
+	j, kv, js := testJournal(t)
+	clk := &shiftedClock{}
+	j.rt = clk
+	j.cfg.Stream = &lostAck{Stream: j.cfg.Stream, t: t, js: js, onLost: func() { clk.off.Store(int64(time.Hour)) }}
+	j.recs.owned[p] = true
+	if err := writeUsage(t, j, key, p, 1, 0, clk.Now().Add(time.Minute)); err == nil {
+		t.Fatal("the write succeeded: want it failed by its deadline (its outcome unknown)")
+	}
+	err := wait(t, func(done func(error)) { j.Release(p, clk.Now().Add(time.Minute), 10*time.Second, done) })
+	if err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var got []byte
+	e, err := kv.Get(ctx, key)
+	if err == nil {
+		got = e.Value()
+	}
+	if !bytes.Equal(got, versioned("x", 1)) {
+		t.Fatalf("after the release the state bucket holds %q (%v), want the record of the batch that landed", got, err)
+	}
+}
+
+// stepTimeouts is a Stream that records the longest timeout given to a
+// fence's publish.
+type stepTimeouts struct {
+	Stream
+	mu      sync.Mutex
+	longest time.Duration
+}
+
+func (s *stepTimeouts) Publish(subj string, data []byte, ttl, timeout time.Duration, done func(uint64, error)) {
+	s.mu.Lock()
+	s.longest = max(s.longest, timeout)
+	s.mu.Unlock()
+	s.Stream.Publish(subj, data, ttl, timeout, done)
+}
+
+// TestAdoptionStepsHaveTheOperationTimeout (J12): a step of an adoption
+// (here the fence of a source's journal) is bounded by the per-operation
+// timeout, not by what is left of the adoption's deadline: a lost message
+// costs one step, not the adoption (an early simulation seed: one slow
+// step used up a whole adoption's deadline, and the partition went
+// without an owner for it).
+func TestAdoptionStepsHaveTheOperationTimeout(t *testing.T) {
+	const p = 2
+	j, _, _ := testJournal(t)
+	s := &stepTimeouts{Stream: j.cfg.Stream}
+	j.cfg.Stream = s
+	err := wait(t, func(done func(error)) { j.Adopt(p, []string{"other"}, 7, time.Minute, done) })
+	if err != nil {
+		t.Fatalf("adopt: %v", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.longest == 0 || s.longest > j.cfg.Timeout {
+		t.Fatalf("the fence's publish had a timeout of %v; want at most the operation timeout %v (the adoption's is a minute)", s.longest, j.cfg.Timeout)
+	}
 }

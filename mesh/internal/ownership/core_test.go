@@ -949,3 +949,54 @@ func TestShardHeartbeatWaitsForTheWatch(t *testing.T) {
 		t.Fatalf("%d heartbeats once the last came back, want 2", len(beats))
 	}
 }
+
+// TestShardRenewalTimedOutSentAgainAtOnce: the retry pause counts from a
+// failed renewal's send, so one that failed by its timeout (longer than the
+// pause) is sent again at the next tick, while one that failed at once
+// waits the pause.
+func TestShardRenewalTimedOutSentAgainAtOnce(t *testing.T) {
+	const parts, lease, timeout = 2, 3200, 3200 / 6
+	now := int64(1)
+	c := heldCore(t, parts, lease, now)
+	now += lease / 3
+	op := opsOf(c.tick(now), 0)
+	if len(op) != 1 || op[0].kind != opRenew {
+		t.Fatalf("after lease/3: ops %+v, want a renewal", op)
+	}
+	now += timeout
+	c.renewed(op[0], 0, errors.New("nats: timeout"), false, now)
+	if op = opsOf(c.tick(now), 0); len(op) != 1 || op[0].kind != opRenew || op[0].at != now {
+		t.Fatalf("after a renewal timed out: ops %+v, want it sent again at once", op)
+	}
+}
+
+// TestShardEarlierIncarnationEntryAfterAFailedClaim (O4): a claim of an
+// earlier incarnation's entry that fails (its write lost, the entry
+// unchanged) leaves the entry the earlier incarnation's: it is claimed
+// again after the backoff, never released (deleted), even when the
+// partition is another node's target (simulation seed 345 with message
+// loss: the restarted node deleted the entry, the next owner claimed
+// without sources and forgot admissions only its journal held).
+func TestShardEarlierIncarnationEntryAfterAFailedClaim(t *testing.T) {
+	const parts, lease = 16, 3000
+	toB := partsTargeting([]string{"a", "b"}, "b", parts)
+	p := toB[0]
+	a, _, now := twoLiveCores(parts, lease)
+	a.observePart(p, partValue{Node: "a", Epoch: 5}, 11, false, now)
+	got := opsOf(a.tick(now), p)
+	if len(got) != 1 || got[0].kind != opClaim {
+		t.Fatalf("an earlier incarnation's entry: ops %+v, want a claim", got)
+	}
+	a.claimed(got[0], 0, errors.New("nats: timeout"), now)
+	for step := int64(1); step <= lease/4; step += lease / 32 {
+		for _, op := range opsOf(a.tick(now+step), p) {
+			if op.kind == opRelease {
+				t.Fatalf("%d after the failed claim: %+v, want no release of the earlier incarnation's entry", step, op)
+			}
+			if op.kind == opClaim {
+				return
+			}
+		}
+	}
+	t.Fatal("the earlier incarnation's entry was not claimed again after the backoff")
+}

@@ -21,7 +21,7 @@ func (r *Runner) do(op shardOp) {
 	case opClaim:
 		r.claim(op, key, report)
 	case opRenew:
-		r.cfg.KV.Update(key, appendPartValue(nil, partValue{Node: r.cfg.Self, Epoch: op.epoch}), op.rev, r.op, func(rev uint64, err error) {
+		r.cfg.KV.Update(key, appendPartValue(nil, partValue{Node: r.cfg.Self, Epoch: op.epoch}), op.rev, r.renewTimeout(), func(rev uint64, err error) {
 			if !errors.Is(err, ErrConflict) {
 				report(rev, err)
 				return
@@ -41,6 +41,14 @@ func (r *Runner) do(op shardOp) {
 		r.cfg.KV.Put("node."+r.cfg.Self, b, r.op, report)
 	}
 }
+
+// renewTimeout bounds a renewal's write: half the time between a renewal
+// (lease/3 after the last) and the self-fence (2/3 of the lease after it),
+// so that a renewal whose request or answer is lost is sent again (at
+// once: the retry pause counts from the send) and lands before the owner
+// stops serving. One lost message must not take a partition off the mesh
+// (invariant O6).
+func (r *Runner) renewTimeout() time.Duration { return r.op / 2 }
 
 // adoptTimeout bounds an adoption and a release's checkpoint.
 func (r *Runner) adoptTimeout() time.Duration { return max(r.cfg.Lease, 5*time.Second) }

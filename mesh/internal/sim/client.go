@@ -59,6 +59,10 @@ func (s *Sim) route(c *clientCall, n *node) {
 		s.check.lost++
 		return
 	}
+	if n.pausedUntil > s.s.now {
+		s.s.at(n.pausedUntil, n, func() { s.route(c, n) }) // received when the process resumes
+		return
+	}
 	p := c.k.part
 	if n.m.Route.Serving(p) {
 		s.submit(c, n)

@@ -76,6 +76,10 @@ func (s *Sim) fault() {
 				n.heal()
 			}
 		})
+	case k == 6 && n.up && n.pausedUntil <= s.s.now:
+		d := s.s.between(lease/10, 2*lease)
+		s.logf("%s pauses for %.3fs", n.id, float64(d)/1e9)
+		n.pausedUntil = s.s.now + d
 	case k == 4:
 		st := []*stream{s.shards, s.state, s.journal}[s.s.rng.IntN(3)]
 		d := s.s.between(lease/10, 3*lease/2)

@@ -42,6 +42,10 @@ type node struct {
 	// cluster, with the streams as they were then (sequence per stream);
 	// its writes are lost. nil: none.
 	stale map[*stream]uint64
+	// pausedUntil: the node's process is paused (a long garbage
+	// collection, a stopped VM) until this global instant: its callbacks
+	// wait, its clock runs on.
+	pausedUntil int64
 
 	m     *member.Member
 	watch []func() // watch deliveries held while cut
@@ -102,6 +106,7 @@ func (n *node) start() {
 	n.cut = false
 	n.stalled = false
 	n.stale = nil
+	n.pausedUntil = 0
 	n.watch = nil
 	n.open = nil
 	rtm := nodeRT{n}

@@ -67,6 +67,10 @@ type simRes struct {
 	settled  int64
 	endedAns int64
 	fresh    int // answers that ended it (not again)
+	// made: an answer not deduped admitted it (the decision that made
+	// it; its answer may come after a deduped one, from a node that
+	// paused or whose answer was slow).
+	made bool
 	// The settles or releases sent (the client sends one kind, with one
 	// number of units): the first's send, the last's deadline.
 	endKind            keys.ResKind
@@ -231,13 +235,16 @@ func (c *resChecker) reserveAnswer(a *resAttempt, kc *keys.Call, op *keys.ResOp,
 	if r != nil {
 		a.res = r
 		if !kc.Deduped {
-			c.fail("R2: %s admitted reservation %s again (call %s; first for call %s)", n.id, id, x.call, r.call)
+			if r.made {
+				c.fail("R2: %s admitted reservation %s again (call %s; first for call %s)", n.id, id, x.call, r.call)
+			}
+			r.made = true
 		}
 		return
 	}
 	c.admitted++
 	r = &simRes{id: id, k: a.k, seq: v.Seq, nonce: v.Nonce, call: x.call, units: v.Units,
-		admitted: s.s.now, expLow: v.Expires, expHigh: v.Expires}
+		admitted: s.s.now, expLow: v.Expires, expHigh: v.Expires, made: !kc.Deduped}
 	if v.Outcome != keyrec.Open {
 		// Found again by its request_id after it ended.
 		r.ended, r.outcome, r.settled, r.endedAns = true, v.Outcome, v.Settled, s.s.now

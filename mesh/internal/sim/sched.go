@@ -6,11 +6,14 @@
 // so a schedule replays exactly from its seed.
 //
 // The scheduler injects what a real deployment suffers: message delays,
-// reordering and loss, watch lag, node crashes and restarts, clocks that
+// reordering and loss, replicas that lag, watch lag and stalls, node
+// crashes, restarts and leaves, process pauses, network cuts, clocks that
 // drift and disagree within bounds, stream leader elections and cut-off
-// leaders answering stale reads. After every step it checks the protocol's
-// invariants (docs/protocol.md, "Invariants") and each key's contract
-// (check.go).
+// leaders answering stale reads. It checks the protocol's invariants
+// (docs/protocol.md, "Invariants") and each key's contract where
+// docs/protocol.md, "How they are checked", says (check.go): M1 and M2
+// after every step, M3 and M4 at every answer, M5 after every step once
+// the mesh converged and at the end.
 package sim
 
 import (
@@ -81,6 +84,13 @@ func (s *sched) runUntil(t int64) {
 		s.now = e.at
 		if e.node != nil && (e.life != e.node.life || !e.node.up) {
 			continue // the node crashed since: its callbacks are gone
+		}
+		if e.node != nil && e.node.pausedUntil > e.at {
+			// The node's process is paused: its callbacks run, in their
+			// order, when it resumes.
+			e.at = e.node.pausedUntil
+			heap.Push(&s.q, e)
+			continue
 		}
 		e.f()
 		s.steps++

@@ -22,11 +22,14 @@ type Config struct {
 	Duration   time.Duration // simulated time with traffic and faults (6 s)
 	Settle     time.Duration // fault-free time at the end (4 s)
 	Rate       float64       // decide requests per simulated second, over all nodes (120)
-	Loss       float64       // probability a request or an answer is lost (0.01)
-	ReplicaLag float64       // probability a direct get is answered by a replica a few messages behind (0.2)
-	Faults     bool          // crashes, cuts, stale leaders, elections, watch lag, clock errors
-	Limit      int           // the count policy's limit (25)
-	Debug      bool          // the nodes' debug logs go into the trace
+	Loss       float64       // probability a request or an answer is lost, faults or not (0.01; negative: none)
+	ReplicaLag float64       // probability a direct get is answered by a replica a few messages behind (0.2; negative: none)
+	Faults     bool          // crashes, leaves, cuts, stale leaders, elections, watch stalls and lag, process pauses, clock errors
+	// Limit is the count policy's limit. By default it is sized to the
+	// offered load (128): a count key admits through the faults, and most
+	// reach their limit in the settle time.
+	Limit int
+	Debug bool // the nodes' debug logs go into the trace
 	// Reserve is the rate of reservations (reserve requests per simulated
 	// second, over all nodes, 16); NoReservations turns them off (the
 	// schedules of the seeds kept from before reservations).
@@ -56,10 +59,17 @@ func (c Config) Defaults() Config {
 		c.Rate = 120
 	}
 	if c.Limit == 0 {
-		c.Limit = 25
+		perKey := c.Rate / decideKeys // requests per second of one count key
+		c.Limit = int(perKey * (c.Duration + c.Settle/4 - c.Lease).Seconds())
 	}
 	if c.Reserve == 0 {
 		c.Reserve = 16
+	}
+	if c.Loss == 0 {
+		c.Loss = 0.01
+	}
+	if c.ReplicaLag == 0 {
+		c.ReplicaLag = 0.2
 	}
 	return c
 }
@@ -108,6 +118,7 @@ const (
 	ratePolicy  = `{"match":{"kind":"rate"},"key":["k"],"limits":[{"algorithm":"token_bucket","rate":"5/s","burst":10}]}`
 	concPolicy  = `{"match":{"kind":"conc"},"key":["k"],"limits":[{"algorithm":"concurrency","limit":3}]}`
 	rateBurst   = 10
+	decideKeys  = 6 // the keys the decide clients spend: 3 count, 3 rate
 	ratePerSec  = 5
 	concLimit   = 3
 )
@@ -232,6 +243,9 @@ func (s *Sim) netDelay() int64 {
 // watches.
 func (s *Sim) writeShard(key string, val []byte, deleted bool) uint64 {
 	rev := s.shards.add(key, val, deleted)
+	if s.cfg.Debug && strings.HasPrefix(key, "part.") {
+		s.logf("shards: %s = %s (deleted %v) at revision %d", key, val, deleted, rev)
+	}
 	if p, ok := strings.CutPrefix(key, "part."); ok && !deleted && !strings.Contains(string(val), `"epoch"`) {
 		if n, err := strconv.Atoi(p); err == nil && n < len(s.claims) {
 			node := strings.TrimSuffix(strings.TrimPrefix(string(val), `{"node":"`), `"}`)

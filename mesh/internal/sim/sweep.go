@@ -103,9 +103,10 @@ func (n *node) sweepOnce() {
 var sweepLag = int64(2*service.SweepInterval) * (1_000_000 + maxDrift) / 1_000_000
 
 // noteOpen tracks key as the service's NoteReservations does (a record
-// loaded with open reservations).
+// loaded with open reservations), for any key (the decided keys and the
+// reserved ones: the conc keys are reserved only).
 func (n *node) noteOpen(key string, open int, next int64) {
-	for _, k := range n.sim.keys {
+	for _, k := range append(n.sim.keys, n.sim.resKeys...) {
 		if k.name == key {
 			n.track(k, open, next)
 			return
@@ -118,6 +119,11 @@ func (n *node) noteRecord(key string, record []byte) {
 	rec, err := keyrec.Decode(record)
 	if err != nil {
 		return
+	}
+	if n.sim.cfg.Debug {
+		for _, r := range rec.Reservations {
+			n.sim.logf("%s adopted %s with reservation %d (expires %d, outcome %v) version %d", n.id, key, r.Seq, r.Expires, r.Outcome, rec.Version)
+		}
 	}
 	if open, next := rec.OpenReservations(); open > 0 {
 		n.noteOpen(key, open, next)

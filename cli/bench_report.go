@@ -95,13 +95,7 @@ func printReport(w io.Writer, c *bench.Config, rep *bench.Report, external bool)
 }
 
 // formatUnits formats micro-units as a decimal number of units.
-func formatUnits(micro int64) string {
-	s := strconv.FormatInt(micro/kvstate.Unit, 10)
-	if f := micro % kvstate.Unit; f != 0 {
-		s += strings.TrimRight(fmt.Sprintf(".%06d", f), "0")
-	}
-	return s
-}
+func formatUnits(micro int64) string { return string(kvstate.AppendUnits(nil, micro)) }
 
 // printCPU writes the report's CPU line.
 func printCPU(w io.Writer, rep *bench.Report, external bool) {

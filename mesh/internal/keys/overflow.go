@@ -25,7 +25,7 @@ import (
 //     create). A stored record means the key is live already (decided
 //     by this partition's previous owner, or before a restart): it takes a
 //     place beyond MaxKeys, so a key already live is never moved to
-//     overflow. No stored record means a new key: its calls finish with
+//     overflow (invariant K4). No stored record means a new key: its calls finish with
 //     Call.Overflowed set, nothing decided, and the probe leaves the
 //     table; the caller decides them against the policy's overflow key
 //     (Call.Overflow, exempt from the cap), which may be another

@@ -57,6 +57,8 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 	o.inflightUsage, o.inflightAsync, o.inflightUncertain = nil, nil, 0
 	switch {
 	case err == nil:
+		// The write is acknowledged: only now are the batch's strict
+		// calls answered (invariant K1).
 		o.rev, o.stored, o.unread = rev, true, false
 		o.lastWrite = o.batchAt
 		if o.gen == o.writeGen {
@@ -67,7 +69,8 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 	case errors.Is(err, kvstate.ErrConflict):
 		// Another writer got there first: what this node decided and did
 		// not write is lost (async: the documented overshoot); the
-		// strict calls of the batch are decided again after a reload.
+		// strict calls of the batch are decided again after a reload
+		// (invariant K2).
 		o.loseUsage(usage, usageAsync, uncertain)
 		o.dropCache()
 		retry := batch[:0:0]
@@ -86,8 +89,9 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 		return true
 	case errors.Is(err, fail.ErrFenced):
 		// This node no longer holds the key's partition: nothing was
-		// written; the calls go to the new owner, and what async changes
-		// were not written are lost (within the async bound).
+		// written; the calls go to the new owner, not decided again here
+		// (invariant K3), and what async changes were not written are lost
+		// (within the async bound).
 		o.loseUsage(usage, usageAsync, uncertain)
 		o.dropCache()
 		for _, c := range batch {
@@ -111,7 +115,8 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 		return false
 	default:
 		// The outcome is unknown (the write may have landed): reload
-		// before deciding again, and fail this batch.
+		// before deciding again, and fail this batch: 503, never an
+		// admission that was not written (K1).
 		o.dropCache()
 		for _, c := range batch {
 			o.finish(c, fmt.Errorf("%w: writing state: %w", fail.ErrUnavailable, err))

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/limitmesh/limitmesh/mesh"
 )
 
@@ -60,13 +61,7 @@ func (s *syncBuffer) String() string {
 // waitFor polls cond every 20 ms until it holds or 15 s pass.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	jstest.Eventually(t, 15*time.Second, what, cond)
 }
 
 // TestServeEndToEnd runs `limitmesh serve` with an embedded server, drives it

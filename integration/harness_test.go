@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/limitmesh/limitmesh/mesh"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -237,13 +238,7 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 // waitWithin is waitFor with the bound limit.
 func waitWithin(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > limit {
-			t.Fatalf("timed out waiting for %s (%s)", what, limit)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	jstest.Eventually(t, limit, what, cond)
 }
 
 // metric returns the text exposition lines of the node's /metrics that

@@ -19,13 +19,7 @@ import (
 func jsBucket(t *testing.T) (jetstream.JetStream, jetstream.KeyValue) {
 	t.Helper()
 	js := jstest.StartJetStream(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "st"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js, kv
+	return js, jstest.KeyValue(t, js, jetstream.KeyValueConfig{Bucket: "st"})
 }
 
 // TestJetStreamStoreFloorRead: GetAsyncFloor reads what GetAsync reads

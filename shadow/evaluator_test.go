@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/limitmesh/limitmesh/policies"
 	"github.com/limitmesh/limitmesh/usage"
 )
@@ -362,13 +363,7 @@ func checkpointSeq(t testing.TB, js jetstream.JetStream, prefix string) uint64 {
 // waitFor polls cond until it holds or waitLimit passes.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	jstest.Eventually(t, waitLimit, what, cond)
 }
 
 // TestEvaluatorStartsAtPutTime: candidates with nothing to resume start at

@@ -28,13 +28,7 @@ func connect(t testing.TB, ts *jstest.Server) (*nats.Conn, jetstream.JetStream) 
 // waitFor polls cond every 10 ms until it holds or limit passes.
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	jstest.Eventually(t, limit, what, cond)
 }
 
 func testCtx(t testing.TB) context.Context {

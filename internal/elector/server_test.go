@@ -1,7 +1,6 @@
 package elector
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -27,27 +26,11 @@ func connect(t *testing.T, url string) (*nats.Conn, jetstream.KeyValue) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "leases"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return nc, kv
+	return nc, jstest.KeyValue(t, jstest.JetStream(t, nc), jetstream.KeyValueConfig{Bucket: "leases"})
 }
 
 // waitFor polls cond every 10 ms until it holds or limit passes.
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	jstest.Eventually(t, limit, what, cond)
 }

@@ -7,6 +7,7 @@
 package jstest
 
 import (
+	"context"
 	"net"
 	"testing"
 	"time"
@@ -139,4 +140,29 @@ func JetStream(t testing.TB, nc *nats.Conn) jetstream.JetStream {
 func StartJetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
 	return JetStream(t, Connect(t, Start(t, InProcess).Server))
+}
+
+// KeyValue creates (or opens) the KV bucket cfg describes on js.
+func KeyValue(t testing.TB, js jetstream.JetStream, cfg jetstream.KeyValueConfig) jetstream.KeyValue {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// Eventually polls cond every 10 ms until it holds, failing the test once
+// limit has passed: the one bounded wait of tests on observable state.
+func Eventually(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

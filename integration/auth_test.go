@@ -755,15 +755,31 @@ func drive(b *testing.B, nc *nats.Conn, body func(int64) []byte, inflight int, d
 }
 
 // TestAuthImportsNothingOfTheProject: auth sits below mesh (mesh calls its
-// Binder) and must not import mesh or any other limitmesh package.
+// Binder) and must not import mesh or any other limitmesh package, except
+// the module's primitives (internal/..., themselves importing nothing of
+// the project: internal/wire).
 func TestAuthImportsNothingOfTheProject(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", "github.com/limitmesh/limitmesh/auth").Output()
-	if err != nil {
-		t.Fatalf("go list: %v", err)
+	const module = "github.com/limitmesh/limitmesh/"
+	deps := func(pkg string) []string {
+		out, err := exec.Command("go", "list", "-deps", pkg).Output()
+		if err != nil {
+			t.Fatalf("go list %s: %v", pkg, err)
+		}
+		var own []string
+		for _, p := range strings.Fields(string(out)) {
+			if strings.HasPrefix(p, module) && p != pkg {
+				own = append(own, p)
+			}
+		}
+		return own
 	}
-	for _, p := range strings.Fields(string(out)) {
-		if strings.HasPrefix(p, "github.com/limitmesh/limitmesh/") && p != "github.com/limitmesh/limitmesh/auth" {
+	for _, p := range deps(module + "auth") {
+		if !strings.HasPrefix(p, module+"internal/") {
 			t.Errorf("auth imports %s", p)
+			continue
+		}
+		if sub := deps(p); len(sub) > 0 {
+			t.Errorf("auth imports %s, which imports %v", p, sub)
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+
+	"github.com/limitmesh/limitmesh/internal/wire"
 )
 
 // NodeIDRE is the form of a node id: [A-Za-z0-9_-]{1,64}.
@@ -57,7 +59,7 @@ func decodePartValue(b []byte) (partValue, error) {
 
 func appendPartValue(dst []byte, v partValue) []byte {
 	dst = append(dst, `{"node":`...)
-	dst = strconv.AppendQuote(dst, v.Node)
+	dst = wire.AppendString(dst, v.Node)
 	if v.Epoch != 0 {
 		dst = append(dst, `,"epoch":`...)
 		dst = strconv.AppendUint(dst, v.Epoch, 10)
@@ -68,7 +70,7 @@ func appendPartValue(dst []byte, v partValue) []byte {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = strconv.AppendQuote(dst, f)
+			dst = wire.AppendString(dst, f)
 		}
 		dst = append(dst, ']')
 	}

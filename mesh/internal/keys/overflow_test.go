@@ -24,6 +24,34 @@ type syncStore struct {
 	updates map[string]int
 	// failGets makes every load fail (not found is not a failure).
 	failGets bool
+	// hold keeps the answers of the operations (done, with their
+	// results) in held instead of calling them: a load reads and a write
+	// lands at once, their answers come when the test calls answer.
+	hold bool
+	held []func()
+}
+
+// answer calls the held answers, in order.
+func (s *syncStore) answer() {
+	s.mu.Lock()
+	held := s.held
+	s.held = nil
+	s.mu.Unlock()
+	for _, f := range held {
+		f()
+	}
+}
+
+// reply calls f now, or holds it (hold).
+func (s *syncStore) reply(f func()) {
+	s.mu.Lock()
+	if s.hold {
+		s.held = append(s.held, f)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	f()
 }
 
 func newSyncStore() *syncStore {
@@ -36,15 +64,14 @@ func (s *syncStore) GetAsync(key string, _ time.Duration, done func([]byte, uint
 	val, rev, ok := s.vals[key], s.revs[key], s.revs[key] != 0
 	failing := s.failGets
 	s.mu.Unlock()
-	if failing {
-		done(nil, 0, errors.New("store unreachable"))
-		return
+	switch {
+	case failing:
+		s.reply(func() { done(nil, 0, errors.New("store unreachable")) })
+	case !ok:
+		s.reply(func() { done(nil, 0, kvstate.ErrNotFound) })
+	default:
+		s.reply(func() { done(val, rev, nil) })
 	}
-	if !ok {
-		done(nil, 0, kvstate.ErrNotFound)
-		return
-	}
-	done(val, rev, nil)
 }
 
 func (s *syncStore) UpdateAsync(key string, val []byte, _ []keyrec.Usage, rev uint64, _ time.Duration, done func(uint64, error)) {
@@ -52,13 +79,14 @@ func (s *syncStore) UpdateAsync(key string, val []byte, _ []keyrec.Usage, rev ui
 	s.updates[key]++
 	if s.revs[key] != rev {
 		s.mu.Unlock()
-		done(0, kvstate.ErrConflict)
+		s.reply(func() { done(0, kvstate.ErrConflict) })
 		return
 	}
 	s.seq++
 	s.vals[key], s.revs[key] = append([]byte(nil), val...), s.seq
+	seq := s.seq
 	s.mu.Unlock()
-	done(s.seq, nil)
+	s.reply(func() { done(seq, nil) })
 }
 
 func (s *syncStore) count(m map[string]int, key string) int {

@@ -203,6 +203,15 @@ type owner struct {
 	unread bool
 
 	busy bool // a load or write is outstanding
+	// moved is set when the key's partition moved away (the table
+	// dropped it, Table.DropPartition): another node decides the key
+	// now, so this owner decides nothing more. The result of its
+	// outstanding write is applied (its calls are answered as it went);
+	// the record of its outstanding load is not kept; then every call
+	// still queued fails as fenced (its caller forwards it to the
+	// partition's owner) and the cache is dropped, so a record that may
+	// be stale never answers a call.
+	moved bool
 	// denying is true when the last call decided was denied (deny.go).
 	denying bool
 
@@ -362,6 +371,10 @@ func (o *owner) next(now int64) (a action) {
 		a.arm = o.armIfDirty()
 	}()
 	if o.busy {
+		return a
+	}
+	if o.moved {
+		o.fence()
 		return a
 	}
 	live := o.queue[:0]

@@ -17,6 +17,9 @@ import (
 func (o *owner) loadedResult(val []byte, rev uint64, err error) {
 	o.busy = false
 	o.blind, o.unread = false, false
+	if o.moved {
+		return // not kept: next fails the queued calls as fenced
+	}
 	switch {
 	case err == nil:
 		rec, derr := keyrec.Decode(val)
@@ -123,6 +126,21 @@ func (o *owner) written(rev uint64, err error) (conflict bool) {
 		}
 		return false
 	}
+}
+
+// errMoved fails the calls still queued on an owner whose key's partition
+// moved away (owner.moved).
+var errMoved = fmt.Errorf("%w: the key's partition moved away", fail.ErrFenced)
+
+// fence fails the queued calls of a moved owner as fenced and drops its
+// cache (unwritten async changes are lost: their usage is published
+// directly). Nothing is outstanding.
+func (o *owner) fence() {
+	for _, c := range o.queue {
+		o.finish(c, errMoved)
+	}
+	o.queue = nil
+	o.dropCache()
 }
 
 // dropCache forgets the cached record, counting unwritten async changes

@@ -35,7 +35,11 @@ func (t *Table) run(key string, e *Entry) {
 		e.running = false
 		e.lastUsed = now
 	}
+	lostUsage, policy := o.takeLostUsage() // a moved owner's unwritten changes
 	e.mu.Unlock()
+	if len(lostUsage) > 0 && t.cfg.LostUsage != nil {
+		t.cfg.LostUsage(policy, key, lostUsage)
+	}
 	if a.arm {
 		t.flush.arm(key, e)
 	}
@@ -142,7 +146,7 @@ func (t *Table) applyLoad(key string, e *Entry, o *owner, val []byte, rev uint64
 		e.mu.Unlock()
 		return
 	}
-	if e.probe != "" && t.live.concludeProbe(key, e, o, err) {
+	if e.probe != "" && !o.moved && t.live.concludeProbe(key, e, o, err) {
 		e.mu.Unlock()
 		t.forget(key, e)
 		return

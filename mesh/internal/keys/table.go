@@ -282,9 +282,13 @@ func (t *Table) removeLocked(key string, e *Entry, now int64, rest bool) {
 	}
 }
 
-// DropPartition drops the idle entries of partition p (its keys are
-// decided elsewhere now). A key with a runner still working is left to
-// finish; its next write is fenced.
+// DropPartition drops the entries of partition p: its keys are decided
+// elsewhere now, and a record cached here may be older than the next
+// owner's writes. A key whose runner is still working is dropped too, its
+// owner marked moved: its outstanding store operation finishes (a write's
+// calls are answered as it went), then it decides nothing more (the calls
+// still queued fail as fenced, owner.moved). A later call of the key, if
+// the partition comes back, starts a new entry that loads the key.
 func (t *Table) DropPartition(p int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -293,9 +297,8 @@ func (t *Table) DropPartition(p int) {
 			continue
 		}
 		e.mu.Lock()
-		if !e.running && e.o.idle() {
-			t.removeLocked(k, e, 0, false)
-		}
+		e.o.moved = true
+		t.removeLocked(k, e, 0, false)
 		e.mu.Unlock()
 	}
 	t.live.prune(math.MinInt64, p)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
+	"github.com/limitmesh/limitmesh/mesh/internal/bugs"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
@@ -617,4 +618,49 @@ func TestAdoptionStepsHaveTheOperationTimeout(t *testing.T) {
 	if s.longest == 0 || s.longest > j.cfg.Timeout {
 		t.Fatalf("the fence's publish had a timeout of %v; want at most the operation timeout %v (the adoption's is a minute)", s.longest, j.cfg.Timeout)
 	}
+}
+
+// TestAdoptionFencesTheSourcesJournal (J1): a claimer appends a fence to a
+// source's journal before it reads it, so the old owner, which may not
+// know yet that it lost the partition, commits no record of it after the
+// claimer's read: its append meets the fence and fails as fenced, and the
+// claimer's adopted record is the key's latest. With the fence taken out
+// (the planted bug bugs.JournalFence) the append commits: the check can
+// fail. The simulation rarely has an append in flight across a takeover
+// (with the fence taken out, 1,500 seeds found it once), so this test is
+// what pins the rule.
+func TestAdoptionFencesTheSourcesJournal(t *testing.T) {
+	if err := appendAfterAdoption(t); !errors.Is(err, fail.ErrFenced) {
+		t.Fatalf("the old owner's append after the adoption: %v, want fenced", err)
+	}
+	defer bugs.Plant(bugs.JournalFence)()
+	if err := appendAfterAdoption(t); err != nil {
+		t.Fatalf("with the fence taken out, the old owner's append after the adoption: %v, want committed", err)
+	}
+}
+
+// appendAfterAdoption journals a record of a key in a journal, has
+// another node adopt the key's partition from it, then appends the key's
+// next record to the first journal and returns that append's answer. The
+// adopter must hold the first record.
+func appendAfterAdoption(t *testing.T) error {
+	t.Helper()
+	const p = 5
+	key := keyIn(p, "")
+	j, _, _ := testJournal(t)
+	j.recs.owned[p] = true
+	if err := writeUsage(t, j, key, p, 1, 0, time.Now().Add(10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	cfg := j.cfg
+	cfg.Self = "claimer"
+	c := New(cfg)
+	t.Cleanup(c.Stop)
+	if err := wait(t, func(done func(error)) { c.Adopt(p, []string{j.cfg.Self}, 11, 10*time.Second, done) }); err != nil {
+		t.Fatal(err)
+	}
+	if val, _ := lookupRev(t, c, key); !bytes.Equal(val, versioned("x", 1)) {
+		t.Fatalf("the claimer holds %q, want version 1", val)
+	}
+	return writeUsage(t, j, key, p, 2, 0, time.Now().Add(10*time.Second))
 }

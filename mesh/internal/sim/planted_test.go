@@ -17,14 +17,16 @@ import (
 // the simulation must find: within seeds schedules of the normal run, one
 // reports a violation of an invariant named in want (the prefix of a
 // violation's message). The bounds are four to twenty times the seeds the
-// simulation needed when the test was written (noted with each).
+// simulation needed when the test was written (noted with each). The
+// journal fence (bugs.JournalFence) is not among them: the simulation
+// rarely has an append in flight across a takeover (1,500 seeds found it
+// once); journal's TestAdoptionFencesTheSourcesJournal pins it.
 var plantedBugs = []struct {
 	bug   bugs.Bug
 	seeds uint64
 	want  []string
 }{
 	{bugs.SelfFence, 20, []string{"M1"}},                                                 // seed 1: M1
-	{bugs.JournalFence, 40, []string{"M3", "M4", "R1", "R2", "R3", "U2", "U3"}},          // seed 7: R1
 	{bugs.AdoptBeforeServe, 20, []string{"M3", "M4", "R1", "R2", "R3", "U2", "U3"}},      // seed 1: M3
 	{bugs.ExpectedRecord, 300, []string{"M3", "M4", "R1", "R2", "R3", "U1", "U2", "U3"}}, // seed 74: R2
 	{bugs.LedgerWatermark, 20, []string{"U3", "R2"}},                                     // seed 1: U3

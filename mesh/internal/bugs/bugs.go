@@ -34,6 +34,12 @@ const (
 	// its origin's watermark (the simulation's model of the ledger's rule,
 	// usage.ledgerCore, U1-U3).
 	LedgerWatermark
+	// StaleEpochReport: an owner applies a report or return of a grant
+	// made in an epoch older than its own (lease, L2: it refuses it).
+	StaleEpochReport
+	// RefundSpent: a return refunds a grant's whole units, the spent ones
+	// too (lease, L2: it refunds units − spent).
+	RefundSpent
 
 	count
 )
@@ -73,6 +79,10 @@ func (b Bug) String() string {
 		return "ExpectedRecord"
 	case LedgerWatermark:
 		return "LedgerWatermark"
+	case StaleEpochReport:
+		return "StaleEpochReport"
+	case RefundSpent:
+		return "RefundSpent"
 	}
 	return "Bug(?)"
 }

@@ -46,7 +46,7 @@
 // failovers, reports lost and holders crashing). max_outstanding is the
 // overshoot bound that `limitmesh policy explain` prints.
 //
-// lease imports kvstate, policies and keyrec.
+// lease imports kvstate, policies, keyrec and bugs (test switches, book.go).
 package lease
 
 import (

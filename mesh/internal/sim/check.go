@@ -55,7 +55,9 @@ type checker struct {
 	countUntil int64
 	// the calls clients were told were admitted and denied (U2, U3)
 	admittedIDs, deniedIDs map[string]bool
-	violations             []error // the first ones found during the run (fail)
+	// grant operations the owners applied (leasecheck.go)
+	grants, reports, refusedReports int
+	violations                      []error // the first ones found during the run (fail)
 }
 
 func newChecker(s *Sim) *checker {
@@ -187,6 +189,10 @@ func (c *checker) outcome(cc *clientCall, n *node, kc *keys.Call) {
 		}
 		return
 	}
+	if k.leased {
+		c.admitLeased(k, kvstate.Unit, n, "the owner")
+		return
+	}
 	c.admitRate(k, kvstate.Unit, nil, n)
 }
 
@@ -312,8 +318,8 @@ const probeTries = 5
 
 // Stats summarizes the run's traffic.
 func (c *checker) Stats() string {
-	return fmt.Sprintf("%d calls: %d admitted, %d denied, %d errors, %d unavailable, %d lost with their node; count keys admitted until %.3fs; partitions unserved %.3f%% of the time after converging; %s",
-		c.calls, c.admitted, c.denied, c.errs, c.unavailable, c.lost, float64(c.countUntil)/1e9, 100*c.unservedShare(), c.s.res.Stats())
+	return fmt.Sprintf("%d calls: %d admitted, %d denied, %d errors, %d unavailable, %d lost with their node; count keys admitted until %.3fs; partitions unserved %.3f%% of the time after converging; %s; %d grants, %d reports applied, %d refused",
+		c.calls, c.admitted, c.denied, c.errs, c.unavailable, c.lost, float64(c.countUntil)/1e9, 100*c.unservedShare(), c.s.res.Stats(), c.grants, c.reports, c.refusedReports)
 }
 
 // unservedShare is the share of partition-time without an owner from

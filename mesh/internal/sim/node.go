@@ -13,6 +13,7 @@ import (
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/journal"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
+	"github.com/limitmesh/limitmesh/mesh/internal/lease"
 	"github.com/limitmesh/limitmesh/mesh/internal/member"
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
@@ -53,6 +54,10 @@ type node struct {
 	// open: the keys with open reservations this incarnation owns, for
 	// its expiry sweeps (sweep.go).
 	open map[string]*openKey
+	// pools: this incarnation's grants of the leased keys (leased.go).
+	pools map[*simKey]*lease.Pool
+	// holderStopped: the node stops; its leased requests go to the owners.
+	holderStopped bool
 }
 
 // local converts a global instant to the node's clock (ns since the start).
@@ -109,6 +114,7 @@ func (n *node) start() {
 	n.pausedUntil = 0
 	n.watch = nil
 	n.open = nil
+	n.pools, n.holderStopped = nil, false
 	rtm := nodeRT{n}
 	rt := route.New("rl", s.cfg.Parts, rtm, rtm.Now())
 	var m *member.Member
@@ -180,6 +186,9 @@ func (n *node) start() {
 	rtm.AfterFunc(s.cfg.Lease, sweep)
 	if !s.cfg.NoReservations {
 		n.startSweeps()
+	}
+	if !s.cfg.NoLeased {
+		s.holderTicks(n)
 	}
 }
 

@@ -30,6 +30,8 @@ var plantedBugs = []struct {
 	{bugs.AdoptBeforeServe, 20, []string{"M3", "M4", "R1", "R2", "R3", "U2", "U3"}},      // seed 1: M3
 	{bugs.ExpectedRecord, 300, []string{"M3", "M4", "R1", "R2", "R3", "U1", "U2", "U3"}}, // seed 74: R2
 	{bugs.LedgerWatermark, 20, []string{"U3", "R2"}},                                     // seed 1: U3
+	{bugs.StaleEpochReport, 20, []string{"L2"}},                                          // seed 2: L2
+	{bugs.RefundSpent, 20, []string{"M6"}},                                               // seed 1: M6
 }
 
 // TestPlantedBugs: with each mechanism disabled in turn (a planted bug),

@@ -35,6 +35,8 @@ type Config struct {
 	// schedules of the seeds kept from before reservations).
 	Reserve        float64
 	NoReservations bool
+	// NoLeased turns the leased keys' clients and holders off.
+	NoLeased bool
 }
 
 // Defaults fills in unset fields.
@@ -86,6 +88,7 @@ type Sim struct {
 	policies *policyset.Set
 	keys     []*simKey // the keys decide clients spend (count and rate)
 	resKeys  []*simKey // the keys reserving clients hold (rate and conc)
+	leased   []*simKey // the leased policy's keys (leased.go)
 	faulty   bool      // faults may be injected now
 	trace    []string
 	check    *checker
@@ -98,12 +101,13 @@ type Sim struct {
 
 // simKey is one limit key the clients spend.
 type simKey struct {
-	name  string // limit key
-	part  int
-	p     *policies.Policy
-	desc  policies.Descriptor
-	count bool // the count policy (fixed_window)
-	conc  bool // the conc policy (concurrency: reserved only); neither: the rate policy (token_bucket)
+	name   string // limit key
+	part   int
+	p      *policies.Policy
+	desc   policies.Descriptor
+	count  bool // the count policy (fixed_window)
+	leased bool // the leased policy (token_bucket, leased mode)
+	conc   bool // the conc policy (concurrency: reserved only); neither: the rate policy (token_bucket)
 	// resEnd is the global instant its reserving clients stop (resclient.go).
 	resEnd int64
 }
@@ -141,14 +145,14 @@ func New(cfg Config) (*Sim, error) {
 	for p := range s.claims {
 		s.claims[p] = map[uint64]string{}
 	}
-	for i, doc := range []string{fmt.Sprintf(countPolicy, cfg.Limit), ratePolicy, concPolicy} {
-		name := []string{"count", "rate", "conc"}[i]
+	for i, doc := range []string{fmt.Sprintf(countPolicy, cfg.Limit), ratePolicy, concPolicy, leasedPolicy} {
+		name := []string{"count", "rate", "conc", "leased"}[i]
 		p, err := policyset.Parse(name, []byte(doc), uint64(i+1))
 		if err != nil {
 			return nil, err
 		}
 		s.policies.Put(p, epoch)
-		for k := range []int{3, 3, 2}[i] { // keys of the policy
+		for k := range []int{3, 3, 2, leasedKeys}[i] { // keys of the policy
 			d, err := policies.NewDescriptor([]policies.Dim{{Name: "k", Value: strconv.Itoa(k)}, {Name: "kind", Value: name}})
 			if err != nil {
 				return nil, err
@@ -157,12 +161,17 @@ func New(cfg Config) (*Sim, error) {
 			if err != nil {
 				return nil, err
 			}
-			sk := &simKey{name: key, part: ownership.PartitionOf(key, cfg.Parts), p: p, desc: d, count: i == 0, conc: i == 2}
-			if i < 2 {
+			sk := &simKey{name: key, part: ownership.PartitionOf(key, cfg.Parts), p: p, desc: d, count: i == 0, conc: i == 2, leased: i == 3}
+			switch i {
+			case 0:
 				s.keys = append(s.keys, sk)
-			}
-			if i > 0 {
+			case 1:
+				s.keys = append(s.keys, sk)
 				s.resKeys = append(s.resKeys, sk)
+			case 2:
+				s.resKeys = append(s.resKeys, sk)
+			case 3:
+				s.leased = append(s.leased, sk)
 			}
 		}
 	}
@@ -210,6 +219,9 @@ func (s *Sim) Run() error {
 	s.clients(int64(cfg.Duration + cfg.Settle - cfg.Lease))
 	if !cfg.NoReservations {
 		s.reservers()
+	}
+	if !cfg.NoLeased {
+		s.leasedClients(int64(cfg.Duration + cfg.Settle - cfg.Lease))
 	}
 	if cfg.Faults {
 		s.faulty = true

@@ -35,10 +35,10 @@ const (
 	// leasedLoad is the leased clients' decide requests per simulated
 	// second, over the leased keys: half as much again as the keys'
 	// rate, so the grants and max_outstanding bind.
-	leasedLoad = 60
+	leasedLoad = 48
 	// holderTick is how often a holder's pools are looked at, on its
 	// clock (leasing's tick).
-	holderTick = 10 * time.Millisecond
+	holderTick = 20 * time.Millisecond
 )
 
 // leasedClients issue decide requests of the leased keys until end

@@ -17,21 +17,23 @@ import (
 // the simulation must find: within seeds schedules of the normal run, one
 // reports a violation of an invariant named in want (the prefix of a
 // violation's message). The bounds are four to twenty times the seeds the
-// simulation needed when the test was written (noted with each). The
+// simulation needed when the test was written (noted with each); noLeased
+// runs the schedules without the leased keys (Config.NoLeased). The
 // journal fence (bugs.JournalFence) is not among them: the simulation
 // rarely has an append in flight across a takeover (1,500 seeds found it
 // once); journal's TestAdoptionFencesTheSourcesJournal pins it.
 var plantedBugs = []struct {
-	bug   bugs.Bug
-	seeds uint64
-	want  []string
+	bug      bugs.Bug
+	seeds    uint64
+	want     []string
+	noLeased bool
 }{
-	{bugs.SelfFence, 20, []string{"M1"}},                                                 // seed 1: M1
-	{bugs.AdoptBeforeServe, 20, []string{"M3", "M4", "R1", "R2", "R3", "U2", "U3"}},      // seed 1: M3
-	{bugs.ExpectedRecord, 300, []string{"M3", "M4", "R1", "R2", "R3", "U1", "U2", "U3"}}, // seed 74: R2
-	{bugs.LedgerWatermark, 20, []string{"U3", "R2"}},                                     // seed 1: U3
-	{bugs.StaleEpochReport, 20, []string{"L2"}},                                          // seed 2: L2
-	{bugs.RefundSpent, 20, []string{"M6"}},                                               // seed 1: M6
+	{bugs.SelfFence, 20, []string{"M1"}, false},                                                 // seed 1: M1
+	{bugs.AdoptBeforeServe, 20, []string{"M3", "M4", "R1", "R2", "R3", "U2", "U3"}, false},      // seed 1: M3
+	{bugs.ExpectedRecord, 300, []string{"M3", "M4", "R1", "R2", "R3", "U1", "U2", "U3"}, false}, // seed 74: R2
+	{bugs.LedgerWatermark, 20, []string{"U3", "R2"}, false},                                     // seed 1: U3
+	{bugs.StaleEpochReport, 20, []string{"L2"}, false},                                          // seed 1: L2
+	{bugs.RefundSpent, 20, []string{"M6"}, false},                                               // seed 3: M6
 }
 
 // TestPlantedBugs: with each mechanism disabled in turn (a planted bug),
@@ -43,17 +45,21 @@ func TestPlantedBugs(t *testing.T) {
 		t.Run(pb.bug.String(), func(t *testing.T) {
 			undo := bugs.Plant(pb.bug)
 			defer undo()
-			seed, err := firstViolation(pb.seeds, func(err error) bool { return knownBug(err) == nil })
+			flags := ""
+			if pb.noLeased {
+				flags = " -sim.noleased"
+			}
+			seed, err := firstViolationIn(Config{NoLeased: pb.noLeased}, pb.seeds, func(err error) bool { return knownBug(err) == nil })
 			if err == nil {
-				t.Fatalf("with %v planted, %d seeds report no violation: the simulation does not check the mechanism (go test ./mesh/internal/sim -run TestSimulation -sim.plant=%v -sim.seeds=%d -v)",
-					pb.bug, pb.seeds, pb.bug, pb.seeds)
+				t.Fatalf("with %v planted, %d seeds (leased keys off: %v) report no violation: the simulation does not check the mechanism (go test ./mesh/internal/sim -run TestSimulation -sim.plant=%v%s -sim.seeds=%d -v)",
+					pb.bug, pb.seeds, pb.noLeased, pb.bug, flags, pb.seeds)
 			}
 			first, _, _ := strings.Cut(err.Error(), "\n")
 			if !violates(err, pb.want) {
-				t.Fatalf("with %v planted, seed %d reports %q; want a violation of %v\nreproduce: go test ./mesh/internal/sim -run TestSimulation -sim.plant=%v -sim.seed=%d -sim.trace -v",
-					pb.bug, seed, first, pb.want, pb.bug, seed)
+				t.Fatalf("with %v planted, seed %d reports %q; want a violation of %v\nreproduce: go test ./mesh/internal/sim -run TestSimulation -sim.plant=%v%s -sim.seed=%d -sim.trace -v",
+					pb.bug, seed, first, pb.want, pb.bug, flags, seed)
 			}
-			t.Logf("seed %d of %d: %s (go test ./mesh/internal/sim -run TestSimulation -sim.plant=%v -sim.seed=%d -sim.trace -v)", seed, pb.seeds, first, pb.bug, seed)
+			t.Logf("seed %d of %d: %s (go test ./mesh/internal/sim -run TestSimulation -sim.plant=%v%s -sim.seed=%d -sim.trace -v)", seed, pb.seeds, first, pb.bug, flags, seed)
 		})
 	}
 }
@@ -80,6 +86,11 @@ func violates(err error, want []string) bool {
 // error (nil: none). Every seed below the one returned is run, so the
 // answer does not depend on the scheduling.
 func firstViolation(seeds uint64, match func(error) bool) (uint64, error) {
+	return firstViolationIn(Config{}, seeds, match)
+}
+
+// firstViolationIn is firstViolation of base's seeds 1..seeds (with faults).
+func firstViolationIn(base Config, seeds uint64, match func(error) bool) (uint64, error) {
 	var (
 		next  atomic.Uint64
 		mu    sync.Mutex
@@ -98,7 +109,9 @@ func firstViolation(seeds uint64, match func(error) bool) (uint64, error) {
 				if done {
 					return
 				}
-				s, err := New(Config{Seed: seed, Faults: true})
+				cfg := base
+				cfg.Seed, cfg.Faults = seed, true
+				s, err := New(cfg)
 				if err == nil {
 					err = s.Run()
 				}

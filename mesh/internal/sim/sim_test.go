@@ -19,6 +19,7 @@ var (
 	seedsFlag = flag.Int("sim.seeds", 0, "how many seeds TestSimulation runs (default: 1500, 150 with -short)")
 	traceFlag = flag.Bool("sim.trace", false, "print the run's trace")
 	plantFlag = flag.String("sim.plant", "", "plant this bug (mesh/internal/bugs: SelfFence, JournalFence, ...) in TestSimulation's runs")
+	noLeased  = flag.Bool("sim.noleased", false, "run TestSimulation without the leased keys (Config.NoLeased)")
 )
 
 // TestSimulation runs many seeded schedules of a three-node mesh with
@@ -61,7 +62,7 @@ func TestSimulation(t *testing.T) {
 				if seed >= first+seeds {
 					return
 				}
-				s, err := New(Config{Seed: seed, Faults: true, Debug: *traceFlag})
+				s, err := New(Config{Seed: seed, Faults: true, Debug: *traceFlag, NoLeased: *noLeased})
 				if err != nil {
 					t.Error(err)
 					return
@@ -119,6 +120,9 @@ func reproduce(seed uint64) string {
 	plant := ""
 	if *plantFlag != "" {
 		plant = " -sim.plant=" + *plantFlag
+	}
+	if *noLeased {
+		plant += " -sim.noleased"
 	}
 	return fmt.Sprintf("go test ./mesh/internal/sim -run TestSimulation%s -sim.seed=%d -sim.trace -v", plant, seed)
 }

@@ -29,7 +29,9 @@ import (
 //	    over TestSimulation's seeds, the share of time without an owner);
 //	U1-U3 (usage.go) the usage the journal offers reaches the ledger once;
 //	R1-R4 (rescheck.go) reservations are never forgotten, end once, hold
-//	    no limit beyond its capacity and give back what expires.
+//	    no limit beyond its capacity and give back what expires;
+//	M6, L2 (leasecheck.go) a leased key admits at most burst + rate ×
+//	    span + max_outstanding; no report of an old epoch is applied.
 //
 // M1 and M2 are checked after every step (step), M3 and M4 at every
 // answer a client gets (outcome, admitRate), M3 and M5 at the end too

@@ -12,7 +12,8 @@
 // leaders answering stale reads. It checks the protocol's invariants
 // (docs/protocol.md, "Invariants") and each key's contract where
 // docs/protocol.md, "How they are checked", says (check.go): M1 and M2
-// after every step, M3 and M4 at every answer, M5 after every step once
+// after every step, M3 and M4 at every answer (M6 at every admission of a
+// leased key, L2 at every report an owner applies), M5 after every step once
 // the mesh converged and at the end.
 package sim
 

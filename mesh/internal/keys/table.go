@@ -288,7 +288,8 @@ func (t *Table) removeLocked(key string, e *Entry, now int64, rest bool) {
 // owner marked moved: its outstanding store operation finishes (a write's
 // calls are answered as it went), then it decides nothing more (the calls
 // still queued fail as fenced, owner.moved). A later call of the key, if
-// the partition comes back, starts a new entry that loads the key.
+// the partition comes back, starts a new entry that loads the key
+// (invariant K5).
 func (t *Table) DropPartition(p int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -39,3 +39,15 @@ func (t *Tally) Totals(policy, period, key string) (Totals, bool) {
 	e.settle()
 	return e.t, true
 }
+
+// Allowed returns the admissions counted for policy's key, over every
+// month.
+func (t *Tally) Allowed(policy, key string) int64 {
+	var n int64
+	for id, e := range t.c.entries {
+		if id.policy == policy && id.key == key && len(id.period) == len(monthFormat) {
+			n += e.t.Allowed
+		}
+	}
+	return n
+}

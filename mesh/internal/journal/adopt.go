@@ -3,12 +3,13 @@ package journal
 import (
 	"fmt"
 
-	"github.com/limitmesh/limitmesh/mesh/internal/bugs"
-	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"maps"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/limitmesh/limitmesh/internal/bugs"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 )
 
 // Handing partitions over: the journal's side of ownership.Lifecycle.

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/limitmesh/limitmesh/mesh/internal/bugs"
+	"github.com/limitmesh/limitmesh/internal/bugs"
 )
 
 // The records: the latest journalled record of every key that is not in

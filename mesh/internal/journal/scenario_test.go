@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/bugs"
 	"github.com/limitmesh/limitmesh/kvstate"
-	"github.com/limitmesh/limitmesh/mesh/internal/bugs"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"

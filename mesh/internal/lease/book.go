@@ -1,8 +1,8 @@
 package lease
 
 import (
+	"github.com/limitmesh/limitmesh/internal/bugs"
 	"github.com/limitmesh/limitmesh/kvstate"
-	"github.com/limitmesh/limitmesh/mesh/internal/bugs"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 )
 

@@ -3,8 +3,8 @@ package ownership
 import (
 	"slices"
 
+	"github.com/limitmesh/limitmesh/internal/bugs"
 	"github.com/limitmesh/limitmesh/internal/fence"
-	"github.com/limitmesh/limitmesh/mesh/internal/bugs"
 )
 
 // The ownership core: which partitions of the key space this node owns,

@@ -10,10 +10,10 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/limitmesh/limitmesh/mesh/internal/bugs"
+	"github.com/limitmesh/limitmesh/internal/bugs"
 )
 
-// plantedBugs are the mechanisms whose planted bug (mesh/internal/bugs)
+// plantedBugs are the mechanisms whose planted bug (internal/bugs)
 // the simulation must find: within seeds schedules of the normal run, one
 // reports a violation of an invariant named in want (the prefix of a
 // violation's message). The bounds are four to twenty times the seeds the

@@ -11,14 +11,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/limitmesh/limitmesh/mesh/internal/bugs"
+	"github.com/limitmesh/limitmesh/internal/bugs"
 )
 
 var (
 	seedFlag  = flag.Uint64("sim.seed", 0, "run only this seed (a failing seed's reproduction)")
 	seedsFlag = flag.Int("sim.seeds", 0, "how many seeds TestSimulation runs (default: 1500, 150 with -short)")
 	traceFlag = flag.Bool("sim.trace", false, "print the run's trace")
-	plantFlag = flag.String("sim.plant", "", "plant this bug (mesh/internal/bugs: SelfFence, JournalFence, ...) in TestSimulation's runs")
+	plantFlag = flag.String("sim.plant", "", "plant this bug (internal/bugs: SelfFence, JournalFence, ...) in TestSimulation's runs")
 	noLeased  = flag.Bool("sim.noleased", false, "run TestSimulation without the leased keys (Config.NoLeased)")
 )
 

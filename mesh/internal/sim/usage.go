@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/limitmesh/limitmesh/mesh/internal/bugs"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/usage"
 )
@@ -20,7 +19,9 @@ import (
 // publish is instant, and the usage stream is the order in which the
 // publishers take records. The ledger's rule for journalled records
 // (usage.ledgerCore) counts a record when its position is above its
-// origin's watermark, which it then becomes. At the end of a run:
+// origin's watermark, which it then becomes; the check applies it as
+// written here and also runs the stream through the ledger's own core
+// (usage.Tally), whose totals must agree key by key. At the end of a run:
 //
 //	U1  every record in the stream is counted (it never first appears
 //	    below its origin's watermark);
@@ -102,7 +103,8 @@ func (u *simUsage) Sync(done func(error)) { nodeRT{u.n}.Go(func() { done(nil) })
 // the calls clients were told were admitted and denied; it returns the
 // records the ledger counted.
 func (m *usageModel) check(admitted, denied map[string]bool) ([]usageRec, error) {
-	stream, err := m.messages()
+	tally := usage.NewTally()
+	stream, err := m.messages(tally)
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +119,7 @@ func (m *usageModel) check(admitted, denied map[string]bool) ([]usageRec, error)
 	first := map[string]usageRec{} // per call, its first counted record
 	for _, r := range stream {
 		k := id{r.origin, r.pos}
-		if w, ok := marks[r.origin]; ok && !w.less(r.pos) && !bugs.Planted(bugs.LedgerWatermark) {
+		if w, ok := marks[r.origin]; ok && !w.less(r.pos) {
 			if !counted[k] {
 				return nil, fmt.Errorf("U1: record %s.j%d.%d (call %s) published after a later record of its origin was counted: in the stream, never in the ledger",
 					r.origin, r.pos.seq, r.pos.idx, r.call)
@@ -141,6 +143,25 @@ func (m *usageModel) check(admitted, denied map[string]bool) ([]usageRec, error)
 			return nil, fmt.Errorf("U3: call %s counted (%s.j%d.%d), but its client was told it was denied", r.call, r.origin, r.pos.seq, r.pos.idx)
 		}
 	}
+	// The ledger's own rule (usage.Tally: the reconciler's core) counts
+	// what the rule above counts, key by key.
+	type policyKey struct{ policy, key string }
+	want := map[policyKey]int64{}
+	var keys []policyKey
+	for _, r := range out {
+		if r.rec.Allowed {
+			k := policyKey{r.policy, r.key}
+			if want[k] == 0 {
+				keys = append(keys, k)
+			}
+			want[k]++
+		}
+	}
+	for _, k := range keys {
+		if got := tally.Allowed(k.policy, k.key); got != want[k] {
+			return nil, fmt.Errorf("U3: the ledger (usage.Tally) counted %d admissions of %s, the stream holds %d distinct ones", got, k.key, want[k])
+		}
+	}
 	for call := range admitted {
 		if times[call] == 0 {
 			return nil, fmt.Errorf("U2: call %s was admitted but is not in the ledger", call)
@@ -157,8 +178,9 @@ func callID(n int) string { return strconv.Itoa(n) }
 // drawn from the records' positions, so a run replays exactly), each
 // encoded grouped by key and decoded again, its records' origins and
 // positions read from their ids.
-func (m *usageModel) messages() ([]usageRec, error) {
+func (m *usageModel) messages(tally *usage.Tally) ([]usageRec, error) {
 	var out []usageRec
+	var seq uint64
 	for start := 0; start < len(m.stream); {
 		first := m.stream[start]
 		size := 1 + int(first.pos.seq+uint64(first.pos.idx))%7
@@ -175,6 +197,8 @@ func (m *usageModel) messages() ([]usageRec, error) {
 		if err != nil {
 			return nil, fmt.Errorf("U1: the usage message of records %d..%d does not decode: %v: %s", start, end-1, err, data)
 		}
+		seq++
+		tally.Apply(seq, &b)
 		if len(b.Records) != end-start {
 			return nil, fmt.Errorf("U1: the usage message of records %d..%d holds %d records", start, end-1, len(b.Records))
 		}
@@ -187,7 +211,7 @@ func (m *usageModel) messages() ([]usageRec, error) {
 				return nil, fmt.Errorf("U1: record %d decoded with id %q, not a journalled id", start+i, b.Records[i].ID)
 			}
 			call, _ := b.Records[i].Descriptor.Get("call")
-			out = append(out, usageRec{origin: origin, pos: usagePos{pos.JSeq, pos.Idx}, call: call,
+			out = append(out, usageRec{origin: origin, pos: usagePos{pos.JSeq, pos.Idx}, call: call, policy: first.policy, rec: b.Records[i],
 				key: b.Records[i].Key, cost: b.Records[i].Cost, res: b.Records[i].Reservation})
 		}
 		start = end

@@ -31,8 +31,8 @@ const (
 	// see replaced is not a conflict (journal, J14).
 	ExpectedRecord
 	// LedgerWatermark: the ledger counts a journalled record at or below
-	// its origin's watermark (the simulation's model of the ledger's rule,
-	// usage.ledgerCore, U1-U3).
+	// its origin's watermark (usage.ledgerCore's rule, I6: a record
+	// published again is skipped).
 	LedgerWatermark
 	// StaleEpochReport: an owner applies a report or return of a grant
 	// made in an epoch older than its own (lease, L2: it refuses it).

@@ -192,6 +192,10 @@ func (d *decider) newService() error {
 	if err != nil {
 		return fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
 	}
+	var sink service.UsageSink
+	if d.pub != nil {
+		sink = d.pub
+	}
 	d.svc = service.New(service.Config{
 		Conn:            d.nc,
 		Policies:        d.policies,
@@ -200,7 +204,7 @@ func (d *decider) newService() error {
 		Runtime:         d.rt,
 		DecisionTimeout: d.cfg.DecisionTimeout,
 		Binder:          d.cfg.Binder,
-		Usage:           d.pub,
+		Usage:           sink,
 		Leases:          d.leasing,
 		Prefix:          d.cfg.Prefix,
 		Log:             d.log,
@@ -218,7 +222,7 @@ func (d *decider) startSweeps(bgctx context.Context) {
 	// are at rest): an idle key then starts from its durable record.
 	idle := max(min(d.cfg.StateTTL/2, time.Minute), 500*time.Millisecond)
 	d.bg.Go(func() { d.sweep(bgctx, idle) })
-	d.bg.Go(func() { d.svc.Sweep(bgctx) })
+	d.svc.StartSweeps(bgctx)
 }
 
 // sweep drops idle keys every idle/2 until ctx ends.

@@ -3,10 +3,11 @@ package service
 import (
 	"context"
 	"fmt"
-	"github.com/limitmesh/limitmesh/mesh/internal/member"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/limitmesh/limitmesh/mesh/internal/member"
 )
 
 // TestAsyncBlindStartOnJetStream drives the blind async start through a

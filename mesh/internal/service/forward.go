@@ -1,7 +1,6 @@
 package service
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -44,74 +43,85 @@ const forwardRetry = 3 * time.Millisecond
 // owner, within the decision deadline, and relays the reply. hopped is
 // true for a request that was already forwarded once: it is not forwarded
 // again; the node waits for the partition to come to it, else answers 503
-// with NotOwnerHeader so the first forwarder retries. It runs in its own
-// goroutine and answers rq.r exactly once.
+// with NotOwnerHeader so the first forwarder retries. It never blocks:
+// each attempt continues in the Requester's callback or a timer of the
+// Runtime, and rq.r is answered exactly once.
 func (s *Service) forward(rq *routed) {
-	r := rq.r
-	for {
-		if s.cfg.Route.Serving(rq.part) {
-			s.route(rq, s.cfg.Runtime.Now())
-			return
-		}
-		left := rq.deadline.Sub(s.cfg.Runtime.Now())
-		if left <= 0 {
-			break
-		}
-		if rq.hopped {
-			// Wait briefly for a move to settle here; the forwarder
-			// retries elsewhere after our 503.
-			if s.cfg.Runtime.Now().Sub(rq.start) > 4*forwardRetry {
-				s.m.forwarded.WithLabelValues("not_owner").Inc()
-				s.replyError(r, rq.p.Name, rq.start, errNotOwner, micro.WithHeaders(micro.Headers{NotOwnerHeader: []string{strconv.Itoa(rq.part)}}))
-				return
-			}
-			time.Sleep(forwardRetry)
-			continue
-		}
-		m := nats.NewMsg(s.cfg.Route.Subject(rq.part))
-		m.Data = r.Data()
-		m.Header.Set(HopHeader, "1")
-		m.Header.Set(TimeoutHeader, strconv.FormatInt(int64(left), 10))
-		if rq.overflow {
-			m.Header.Set(OverflowHeader, "1")
-		}
-		if rq.op != opDecide {
-			m.Header.Set(OpHeader, rq.op.String())
-		}
-		if rq.op == opHold {
-			m.Header.Set(PolicyHeader, rq.p.Name)
-		}
-		if info := r.Headers()[auth.RequestInfoHeader]; len(info) > 0 {
-			// The owner binds the tenant again: only nodes (the limiter
-			// account) publish on shard subjects, so it trusts the header.
-			m.Header[auth.RequestInfoHeader] = info
-		}
-		ctx, cancel := context.WithDeadline(context.Background(), rq.deadline)
-		resp, err := s.cfg.Conn.RequestMsgWithContext(ctx, m)
-		cancel()
-		switch {
-		case err == nil && resp.Header.Get(NotOwnerHeader) == "":
-			s.m.forwarded.WithLabelValues("ok").Inc()
-			if rerr := r.Respond(resp.Data, micro.WithHeaders(micro.Headers(resp.Header))); rerr != nil {
-				s.log.Debug("relaying a reply failed", "error", rerr.Error())
-			}
-			s.m.duration.Observe(s.cfg.Runtime.Now().Sub(rq.start).Seconds())
-			s.inflight.Add(-1)
-			return
-		case err == nil, errors.Is(err, nats.ErrNoResponders):
-			// Not owned there (yet): retry within the deadline.
-			s.m.forwarded.WithLabelValues("retry").Inc()
-			time.Sleep(forwardRetry)
-		default:
-			// Timed out or the connection failed.
-			if rq.deadline.Sub(s.cfg.Runtime.Now()) > forwardRetry {
-				time.Sleep(forwardRetry)
-				continue
-			}
-		}
+	now := s.cfg.Runtime.Now()
+	if s.cfg.Route.Serving(rq.part) {
+		s.route(rq, now)
+		return
 	}
+	left := rq.deadline.Sub(now)
+	if left <= 0 || s.requests == nil {
+		s.unavailable(rq)
+		return
+	}
+	if rq.hopped {
+		// Wait briefly for a move to settle here; the forwarder
+		// retries elsewhere after our 503.
+		if now.Sub(rq.start) > 4*forwardRetry {
+			s.m.forwarded.WithLabelValues("not_owner").Inc()
+			s.replyError(rq.r, rq.p.Name, rq.start, errNotOwner, micro.WithHeaders(micro.Headers{NotOwnerHeader: []string{strconv.Itoa(rq.part)}}))
+			return
+		}
+		s.forwardLater(rq)
+		return
+	}
+	r := rq.r
+	m := nats.NewMsg(s.cfg.Route.Subject(rq.part))
+	m.Data = r.Data()
+	m.Header.Set(HopHeader, "1")
+	m.Header.Set(TimeoutHeader, strconv.FormatInt(int64(left), 10))
+	if rq.overflow {
+		m.Header.Set(OverflowHeader, "1")
+	}
+	if rq.op != opDecide {
+		m.Header.Set(OpHeader, rq.op.String())
+	}
+	if rq.op == opHold {
+		m.Header.Set(PolicyHeader, rq.p.Name)
+	}
+	if info := r.Headers()[auth.RequestInfoHeader]; len(info) > 0 {
+		// The owner binds the tenant again: only nodes (the limiter
+		// account) publish on shard subjects, so it trusts the header.
+		m.Header[auth.RequestInfoHeader] = info
+	}
+	s.requests.Request(m, rq.deadline, func(resp *nats.Msg, err error) { s.forwarded(rq, resp, err) })
+}
+
+// forwarded handles the owner's reply resp (or the failure err) to a
+// forward of rq: it relays the reply, or tries again within the deadline.
+func (s *Service) forwarded(rq *routed, resp *nats.Msg, err error) {
+	switch {
+	case err == nil && resp.Header.Get(NotOwnerHeader) == "":
+		s.m.forwarded.WithLabelValues("ok").Inc()
+		if rerr := rq.r.Respond(resp.Data, micro.WithHeaders(micro.Headers(resp.Header))); rerr != nil {
+			s.log.Debug("relaying a reply failed", "error", rerr.Error())
+		}
+		s.m.duration.Observe(s.cfg.Runtime.Now().Sub(rq.start).Seconds())
+		s.inflight.Add(-1)
+	case err == nil, errors.Is(err, nats.ErrNoResponders):
+		// Not owned there (yet): retry within the deadline.
+		s.m.forwarded.WithLabelValues("retry").Inc()
+		s.forwardLater(rq)
+	case rq.deadline.Sub(s.cfg.Runtime.Now()) > forwardRetry:
+		// Timed out or the connection failed, with time left.
+		s.forwardLater(rq)
+	default:
+		s.unavailable(rq)
+	}
+}
+
+// forwardLater forwards rq again after forwardRetry.
+func (s *Service) forwardLater(rq *routed) {
+	s.cfg.Runtime.AfterFunc(forwardRetry, func() { s.forward(rq) })
+}
+
+// unavailable answers rq 503: no owner of its partition answered in time.
+func (s *Service) unavailable(rq *routed) {
 	s.m.forwarded.WithLabelValues("unavailable").Inc()
-	s.replyError(r, rq.p.Name, rq.start, errNoOwner)
+	s.replyError(rq.r, rq.p.Name, rq.start, errNoOwner)
 }
 
 // errNoOwner and errNotOwner are the 503 causes of routing.

@@ -1,8 +1,6 @@
 package service
 
 import (
-	"crypto/rand"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -90,10 +88,8 @@ func (s *Service) holdOp(rq *routed) error {
 		return fmt.Errorf("%w: the limit key of layer policy %q is %d bytes; a layer's key is at most %d bytes",
 			fail.ErrBadRequest, rq.p.Name, len(rq.key), keyrec.MaxReservedKey)
 	}
-	var nonce [8]byte
-	_, _ = rand.Read(nonce[:])
 	rq.res = keys.ResOp{Kind: keys.ResReserve, TTL: s.holdTTL(), Hold: true,
-		Nonce: binary.LittleEndian.Uint64(nonce[:]) & (1<<keyrec.NonceBits - 1)}
+		Nonce: s.cfg.Nonce() & (1<<keyrec.NonceBits - 1)}
 	return nil
 }
 

@@ -4,10 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/limitmesh/limitmesh/mesh/internal/member"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/limitmesh/limitmesh/mesh/internal/member"
 
 	"github.com/nats-io/nats.go/jetstream"
 )

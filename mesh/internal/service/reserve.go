@@ -66,6 +66,13 @@ func resKindOf(name string) resKind {
 	return opDecide
 }
 
+// randomNonce draws a reservation's nonce from crypto/rand.
+func randomNonce() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:])
+}
+
 // errNotFound is the 404 of a settle, release or renew naming no open or
 // remembered reservation.
 var errNotFound = errors.New("not found")
@@ -172,9 +179,7 @@ func (s *Service) resolveReserve(rq *routed, caller string) error {
 		return fmt.Errorf("%w: the limit key is %d bytes; a reservation id names its key, so reserved keys are at most %d bytes (fewer or shorter key dimensions)",
 			fail.ErrBadRequest, len(rq.key), keyrec.MaxReservedKey)
 	}
-	var nonce [8]byte
-	_, _ = rand.Read(nonce[:])
-	rq.res = keys.ResOp{Kind: keys.ResReserve, TTL: ttl, Nonce: binary.LittleEndian.Uint64(nonce[:]) & (1<<keyrec.NonceBits - 1)}
+	rq.res = keys.ResOp{Kind: keys.ResReserve, TTL: ttl, Nonce: s.cfg.Nonce() & (1<<keyrec.NonceBits - 1)}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -72,8 +73,9 @@ func (o *openKeys) setLocked(m *Metrics, key string, k *openKey, open int, next 
 }
 
 // due returns the keys whose first expiry is at or before now and that no
-// sweep call is out for, marking them busy, and forgets the keys of
-// partitions not served here (serving).
+// sweep call is out for, in key order (a simulated schedule replays
+// exactly), marking them busy, and forgets the keys of partitions not
+// served here (serving).
 func (o *openKeys) due(m *Metrics, now int64, serving func(part int) bool) (out []string, parts []int, policies []string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -84,8 +86,13 @@ func (o *openKeys) due(m *Metrics, now int64, serving func(part int) bool) (out 
 		}
 		if !k.busy && k.next <= now {
 			k.busy = true
-			out, parts, policies = append(out, key), append(parts, k.part), append(policies, k.policy)
+			out = append(out, key)
 		}
+	}
+	slices.Sort(out)
+	for _, key := range out {
+		k := o.keys[key]
+		parts, policies = append(parts, k.part), append(policies, k.policy)
 	}
 	return out, parts, policies
 }
@@ -99,18 +106,18 @@ func (o *openKeys) done(key string) {
 	}
 }
 
-// Sweep runs the expiry sweeps until ctx ends.
-func (s *Service) Sweep(ctx context.Context) {
-	t := time.NewTicker(SweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
+// StartSweeps runs the expiry sweeps every SweepInterval of the
+// Runtime's clock until ctx ends. It returns at once.
+func (s *Service) StartSweeps(ctx context.Context) {
+	var next func()
+	next = func() {
+		if ctx.Err() != nil {
 			return
-		case <-t.C:
 		}
 		s.sweepOnce()
+		s.cfg.Runtime.AfterFunc(SweepInterval, next)
 	}
+	s.cfg.Runtime.AfterFunc(SweepInterval, next)
 }
 
 // sweepOnce submits a sweep call for every key with a reservation due.

@@ -35,9 +35,15 @@ import (
 
 // Config configures a Service.
 type Config struct {
-	// Conn sends replies and forwarded requests; nil in offline tests
-	// (replies through the request's Respond, nothing forwarded).
-	Conn     *nats.Conn
+	// Conn sends replies; nil: through the request's Respond (offline
+	// tests, the simulation).
+	Conn *nats.Conn
+	// Requests forwards requests to partition owners; nil: over Conn
+	// (nothing is forwarded without either).
+	Requests rt.Requester
+	// Nonce draws a reservation's nonce; nil: crypto/rand. (The
+	// simulation draws from its seed.)
+	Nonce    func() uint64
 	Policies *policyset.Set
 	Keys     *keys.Table
 	// Route is the routing table; nil: every key is decided here.
@@ -49,8 +55,8 @@ type Config struct {
 	Binder *auth.Binder
 	// Usage publishes the usage records (CONTRACT §6) of the decisions the
 	// key owners' store does not (denials, local and unmatched decisions);
-	// nil: none.
-	Usage *usage.Publisher
+	// nil: none, and the calls carry no descriptor for the store's.
+	Usage UsageSink
 	// Leases decides requests of leased policies from this node's grants
 	// (CONTRACT §8); nil: their owners decide them all (strict).
 	Leases Leaser
@@ -59,6 +65,12 @@ type Config struct {
 	Prefix  string
 	Log     *slog.Logger
 	Metrics *Metrics
+}
+
+// UsageSink takes the usage records the service publishes
+// (usage.Publisher).
+type UsageSink interface {
+	Add(policy string, r usage.Record) bool
 }
 
 // Leaser spends a node's grants of leased keys (package leasing).
@@ -72,6 +84,7 @@ type Leaser interface {
 // Service answers decide requests. Its methods are safe for concurrent use.
 type Service struct {
 	cfg      Config
+	requests rt.Requester // nil: nothing is forwarded
 	log      *slog.Logger
 	m        *Metrics
 	memo     reqMemo
@@ -87,7 +100,14 @@ func New(cfg Config) *Service {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Service{cfg: cfg, log: cfg.Log, m: cfg.Metrics}
+	if cfg.Nonce == nil {
+		cfg.Nonce = randomNonce
+	}
+	s := &Service{cfg: cfg, requests: cfg.Requests, log: cfg.Log, m: cfg.Metrics}
+	if s.requests == nil && cfg.Conn != nil {
+		s.requests = rt.NATS(cfg.Conn)
+	}
+	return s
 }
 
 // Inflight returns the number of requests received and not yet answered.
@@ -95,14 +115,19 @@ func (s *Service) Inflight() int64 { return s.inflight.Load() }
 
 // HandleMsg handles a request that came on a plain subscription (a shard
 // subject).
-func (s *Service) HandleMsg(m *nats.Msg) {
-	if op := m.Header.Get(OpHeader); op != "" {
+func (s *Service) HandleMsg(m *nats.Msg) { s.HandleShard(msgRequest{m}) }
+
+// HandleShard handles a request another node forwarded to this one (on
+// a shard subject): a decide request, or the reservation call OpHeader
+// names.
+func (s *Service) HandleShard(r micro.Request) {
+	if op := r.Headers().Get(OpHeader); op != "" {
 		if k := resKindOf(op); k != opDecide {
-			s.handleRes(msgRequest{m}, k)
+			s.handleRes(r, k)
 			return
 		}
 	}
-	s.Handle(msgRequest{m})
+	s.handle(r, true)
 }
 
 // routed is a decide request on its way to the owner of its key. It
@@ -139,11 +164,14 @@ type routed struct {
 // replyBufSize holds a usual decision reply without allocating.
 const replyBufSize = 208
 
-// Handle is the handler of the decide endpoint and of the shard subjects.
-// It validates the request, resolves the policy and the limit key, and
-// routes the call. The reply is sent when the call finishes. It never
-// blocks on I/O and never panics: a panic is answered with a 500.
-func (s *Service) Handle(r micro.Request) {
+// Handle is the handler of the decide endpoint. It validates the request,
+// resolves the policy and the limit key, and routes the call. The reply is
+// sent when the call finishes. It never blocks on I/O and never panics: a
+// panic is answered with a 500.
+func (s *Service) Handle(r micro.Request) { s.handle(r, false) }
+
+// handle is Handle; shard: r came on a shard subject, from another node.
+func (s *Service) handle(r micro.Request, shard bool) {
 	start := s.cfg.Runtime.Now()
 	s.inflight.Add(1)
 	handed := false
@@ -243,7 +271,7 @@ func (s *Service) Handle(r micro.Request) {
 		if ns, err := strconv.ParseInt(h.Get(TimeoutHeader), 10, 64); err == nil && ns > 0 && time.Duration(ns) < s.cfg.DecisionTimeout {
 			rq.deadline = start.Add(time.Duration(ns))
 		}
-		if _, shard := r.(msgRequest); shard && rq.hopped && h.Get(OverflowHeader) != "" {
+		if shard && rq.hopped && h.Get(OverflowHeader) != "" {
 			// The owner of the request's key sent it to the overflow
 			// key's owner (only nodes publish on shard subjects).
 			s.toOverflow(rq)
@@ -293,7 +321,7 @@ func (s *Service) route(rq *routed, now time.Time) {
 		return
 	}
 	slot.Inflight.Add(-1)
-	go s.forward(rq)
+	s.forward(rq)
 }
 
 // submit hands rq to its key's owner on this node. slot, when not nil,
@@ -334,8 +362,9 @@ func (rq *routed) Finish(c *keys.Call) {
 	}
 	if errors.Is(c.Err, fail.ErrFenced) && rq.slot != nil && rq.deadline.Sub(s.cfg.Runtime.Now()) > 0 {
 		// Nothing was written: this node lost the partition while
-		// deciding. The new owner decides.
-		go s.forward(rq)
+		// deciding. The new owner decides (not under the owner's
+		// locks, which may hold this call).
+		s.cfg.Runtime.Go(func() { s.forward(rq) })
 		return
 	}
 	if c.Overflowed && rq.op.ends() {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
-	"github.com/limitmesh/limitmesh/mesh/internal/keys"
+	"github.com/nats-io/nats.go"
 )
 
 // The invariants the simulation checks (docs/protocol.md, "Invariants"):
@@ -34,7 +34,8 @@ import (
 //	    span + max_outstanding; no report of an old epoch is applied.
 //
 // M1 and M2 are checked after every step (step), M3 and M4 at every
-// answer a client gets (outcome, admitRate), M3 and M5 at the end too
+// answer a node makes (outcome, admitRate: where it is made, whether or
+// not it then reaches its client), M3 and M5 at the end too
 // (final).
 
 // checker holds what the checks need and the first violation.
@@ -156,24 +157,34 @@ func (c *checker) describe(p int) string {
 	return strings.Join(states, "\n")
 }
 
-// outcome records the answer to a client call and checks M3 and M4.
-func (c *checker) outcome(cc *clientCall, n *node, kc *keys.Call) {
+// outcome records the answer a to decide call cc, which n made (its
+// request reached n at arrived), and checks M3 and M4.
+func (c *checker) outcome(cc *clientCall, n *node, arrived int64, a answer) {
 	s := c.s
-	if kc.Err != nil {
+	if a.code != "" {
 		c.errs++
+		if a.code == "503" {
+			c.unavailable++
+		}
 		return
 	}
-	if !kc.Out.Allowed {
+	if !a.allowed {
 		c.denied++
 		c.deniedIDs[cc.id] = true
 		return
 	}
 	c.admitted++
-	c.admittedIDs[cc.id] = true
 	k := cc.k
+	if k.leased && s.spentByHolder[cc.id] {
+		// Spent from n's grant: the service publishes its usage, not
+		// the journal.
+		c.admitLeased(k, arrived, kvstate.Unit, n, "a grant")
+		return
+	}
+	c.admittedIDs[cc.id] = true
 	if k.count {
 		c.countUntil = s.s.now
-		count := int64(s.cfg.Limit) - kc.Out.Remaining/kvstate.Unit
+		count := int64(s.cfg.Limit) - a.remaining/kvstate.Unit
 		m := c.counts[k.name]
 		if m == nil {
 			m = map[int64]bool{}
@@ -192,58 +203,75 @@ func (c *checker) outcome(cc *clientCall, n *node, kc *keys.Call) {
 		return
 	}
 	if k.leased {
-		c.admitLeased(k, kvstate.Unit, n, "the owner")
+		c.admitLeased(k, arrived, kvstate.Unit, n, "the owner")
 		return
 	}
-	c.admitRate(k, kvstate.Unit, nil, n)
+	c.admitRate(k, arrived, kvstate.Unit, nil, n)
 }
 
-// rateAdmission is an admission of a rate key: its answer's global
-// instant and its cost (micro-units), or the reservation it made.
+// rateAdmission is an admission of a rate key (or a leased one): decided
+// within [lo, at], global instants (its request reached the deciding
+// node's process at lo; the node answered at at), of cost micro-units or
+// the reservation r made.
 type rateAdmission struct {
-	at   int64
-	cost int64
-	r    *simRes
+	lo, at int64
+	cost   int64
+	r      *simRes
 }
 
-// admitRate records an admission of rate key k answered now by n, a
-// decide's of cost or reservation r's (nil: none), and checks M4 and R3:
-// over any span [a, b] of admissions (their global instants), at most
-// burst + rate × (b − a + slack) units where the owners' clocks decide.
-// The slack is a decision's deadline (an admission is decided before it is
-// answered) and twice the largest clock offset, and the span is stretched
-// by the clocks' largest rate errors (a new owner whose clock is ahead
-// refills more, CONTRACT: at most skew × rate). A reservation counts at
-// what it keeps as far as the answers tell (R3): its reserved units while
-// open or once expired, what its settle kept once it ended, and at least
-// what its settle or release asks once one is sent (its outcome may be
-// unknown).
-func (c *checker) admitRate(k *simKey, cost int64, r *simRes, n *node) {
-	s := c.s
-	t := s.s.now
-	ts := append(c.rates[k.name], rateAdmission{t, cost, r})
+// envelope records admission a of key k and checks that, over any span of
+// its admissions, k admitted at most burst + perSec × span units where
+// the owners' clocks decide: for every run of admissions ending with a
+// (in answer order), the units they admitted against the longest span
+// their decisions can cover (from the earliest start of their intervals
+// to the end of a's), stretched by the clocks' largest rate errors (a new
+// owner whose clock is ahead refills more, CONTRACT: at most skew × rate),
+// plus twice the largest clock offset: a violation is reported only when
+// no timing of the decisions within their intervals keeps the bound. A
+// reservation counts at what it keeps as far as the answers tell (R3):
+// its reserved units while open or once expired, what its settle kept
+// once it ended, and at least what its settle or release asks once one is
+// sent (its outcome may be unknown). It returns the first run that breaks
+// the bound: its units, span and allowed units, and whether it holds a
+// reservation.
+func (c *checker) envelope(k *simKey, a rateAdmission, burst, perSec int64) (admitted, allowed, span int64, reserved, ok bool) {
+	ts := append(c.rates[k.name], a)
 	c.rates[k.name] = ts
-	slack := int64(s.cfg.Timeout) + 2*maxOffset
-	var admitted int64
-	reserved := false // the span holds a reservation
+	earliest := a.lo
 	for i := len(ts) - 1; i >= 0; i-- {
-		a := ts[i].at
 		if r := ts[i].r; r != nil {
 			admitted += r.kept()
 			reserved = true
 		} else {
 			admitted += ts[i].cost
 		}
-		span := (t - a) + (t-a)*2*maxDrift/1_000_000 + slack
-		allowed := (int64(rateBurst) + span*ratePerSec/1e9 + 1) * kvstate.Unit
+		earliest = min(earliest, ts[i].lo)
+		span = a.at - earliest
+		stretched := span + span*2*maxDrift/1_000_000 + 2*maxOffset
+		allowed = (burst + stretched*perSec/1e9 + 1) * kvstate.Unit
 		if admitted > allowed {
-			what := "M4"
-			if reserved {
-				what = "M4 (R3)"
+			if c.s.cfg.Debug {
+				for _, x := range ts[i:] {
+					c.s.logf("run: lo %.6f at %.6f cost %s res %v", float64(x.lo)/1e9, float64(x.at)/1e9, fmtUnits(x.cost), x.r != nil)
+				}
 			}
-			c.fail("%s: %s admitted %s in %.3fs (by %s), allowed %s", what, k.name, fmtUnits(admitted), float64(t-a)/1e9, n.id, fmtUnits(allowed))
-			return
+			return admitted, allowed, span, reserved, false
 		}
+	}
+	return 0, 0, 0, false, true
+}
+
+// admitRate records an admission of rate key k decided by n within
+// [lo, now], a decide's of cost or reservation r's (nil: none), and checks
+// M4 and R3 (envelope).
+func (c *checker) admitRate(k *simKey, lo, cost int64, r *simRes, n *node) {
+	admitted, allowed, span, reserved, ok := c.envelope(k, rateAdmission{lo: lo, at: c.s.s.now, cost: cost, r: r}, rateBurst, ratePerSec)
+	if !ok {
+		what := "M4"
+		if reserved {
+			what = "M4 (R3)"
+		}
+		c.fail("%s: %s admitted %s in %.3fs (by %s), allowed %s", what, k.name, fmtUnits(admitted), float64(span)/1e9, n.id, fmtUnits(allowed))
 	}
 }
 
@@ -273,19 +301,21 @@ func (c *checker) final() error {
 		if !k.count {
 			continue
 		}
-		var got *keys.Call
-		for try := 0; try < probeTries && (got == nil || got.Err != nil); try++ {
+		var got *answer
+		for try := 0; try < probeTries && (got == nil || got.code != ""); try++ {
 			got = nil
-			cc := &clientCall{k: k, deadline: s.s.now + int64(s.cfg.Timeout), dryRun: true,
-				done: func(kc keys.Call) { got = &kc }}
-			s.route(cc, s.nodes[try%len(s.nodes)])
+			s.send(&clientCall{k: k}, s.nodes[try%len(s.nodes)], decideEndpoint, decideBody(k, "", true), func(m *nats.Msg) {
+				if a, err := decodeAnswer(m); err == nil {
+					got = &a
+				}
+			})
 			s.s.runUntil(s.s.now + 2*int64(s.cfg.Timeout))
 		}
-		if got == nil || got.Err != nil {
-			errs = append(errs, fmt.Errorf("M5: %s not decided %d times after the faults ended: %v", k.name, probeTries, got))
+		if got == nil || got.code != "" {
+			errs = append(errs, fmt.Errorf("M5: %s not decided %d times after the faults ended: %+v", k.name, probeTries, got))
 			continue
 		}
-		count := int64(s.cfg.Limit) - got.Out.Remaining/kvstate.Unit
+		count := int64(s.cfg.Limit) - got.remaining/kvstate.Unit
 		var highest int64
 		for n := range c.counts[k.name] {
 			highest = max(highest, n)

@@ -1,14 +1,17 @@
 package sim
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
-	"github.com/limitmesh/limitmesh/mesh/internal/fail"
-	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
-	"github.com/limitmesh/limitmesh/mesh/internal/keys"
 	"github.com/limitmesh/limitmesh/policies"
+	"github.com/limitmesh/limitmesh/usage"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 )
 
 // clients issue decide requests until end (global ns): to a random node,
@@ -21,114 +24,174 @@ func (s *Sim) clients(end int64) {
 		}
 		k := s.keys[s.s.rng.IntN(len(s.keys))]
 		n := s.nodes[s.s.rng.IntN(len(s.nodes))]
-		s.check.calls++
-		c := &clientCall{k: k, deadline: s.s.now + int64(s.cfg.Timeout), id: callID(s.check.calls)}
-		s.route(c, n)
+		s.decide(k, n)
 		gap := int64(s.s.rng.ExpFloat64() / s.cfg.Rate * 1e9)
 		s.s.after(max(gap, 1), nil, next)
 	}
 	s.s.after(int64(s.cfg.Lease), nil, next)
 }
 
-// clientCall is one decide request, or one attempt of a reservation
-// call (res set).
+// decide sends a decide request of k (cost 1) to n as a new client call;
+// the checker gets its answer where it is made (check.outcome).
+func (s *Sim) decide(k *simKey, n *node) {
+	s.check.calls++
+	c := &clientCall{k: k, id: callID(s.check.calls)}
+	c.decided = func(n *node, arrived int64, a answer) { s.check.outcome(c, n, arrived, a) }
+	s.send(c, n, decideEndpoint, decideBody(k, c.id, false), func(*nats.Msg) {})
+}
+
+// clientCall is one request a client sends: a decide request or one
+// attempt of a reservation call.
 type clientCall struct {
-	id       string // names the call in its usage record ("" for a probe)
-	k        *simKey
-	deadline int64 // global
-	dryRun   bool
-	done     func(keys.Call) // a final probe's
-	// A reservation call's operation (the owner decides a copy), cost
-	// (micro-units), request_id ("" none), and what the client does with
-	// the answer (n: the node that decided it).
-	res     *keys.ResOp
-	cost    int64
-	reqID   string
-	resDone func(kc *keys.Call, op *keys.ResOp, n *node)
+	id string // names the call in its descriptor ("call"; "" for a probe)
+	k  *simKey
+	// decided is what the checks do with an answer a where it is made: n
+	// the node that made it, arrived the global instant the request
+	// reached n. nil: nothing (a probe's answer is read by its client).
+	decided func(n *node, arrived int64, a answer)
 }
 
-// route decides c on node n if n serves its key's partition, or forwards
-// it to the node that does (as the decide service does), retrying until
-// the deadline while no node serves it.
-func (s *Sim) route(c *clientCall, n *node) {
-	if s.s.now >= c.deadline {
-		s.check.unavailable++
+// decided hands the answer m node n made to request q of client call c
+// to the checks.
+func (s *Sim) decided(c *clientCall, n *node, q *simReq, m *nats.Msg) {
+	if c.decided == nil {
 		return
 	}
-	if !n.up {
-		s.check.lost++
+	a, err := decodeAnswer(m)
+	if err != nil {
+		s.check.fail("%s answered call %s of %s with a reply that does not decode: %v: %s", n.id, c.id, c.k.name, err, m.Data)
 		return
 	}
-	if n.pausedUntil > s.s.now {
-		s.s.at(n.pausedUntil, n, func() { s.route(c, n) }) // received when the process resumes
-		return
-	}
-	p := c.k.part
-	if n.m.Route.Serving(p) {
-		s.submit(c, n)
-		return
-	}
-	var owner *node
-	for _, o := range s.nodes {
-		if o.up && o != n && o.m.Route.Serving(p) {
-			owner = o
-		}
-	}
-	if owner == nil || n.cut {
-		s.s.after(int64(3*time.Millisecond), n, func() { s.route(c, n) })
-		return
-	}
-	s.s.after(s.netDelay()+s.netDelay(), owner, func() { s.route(c, owner) })
+	c.decided(n, q.arrived, a)
 }
 
-// submit hands c to n's key owner.
-func (s *Sim) submit(c *clientCall, n *node) {
-	m := n.m
-	slot := m.Route.Slot(c.k.part)
-	slot.Inflight.Add(1)
-	rtm := nodeRT{n}
-	now := rtm.Now().UnixNano()
-	call := &keys.Call{Policy: c.k.p, Cost: kvstate.Unit, DryRun: c.dryRun,
-		Deadline: now + n.global(c.deadline-s.s.now)}
-	if c.id != "" {
-		call.Desc = policies.Descriptor{{Name: "call", Value: c.id}}
-	}
-	var op *keys.ResOp
-	if c.res != nil {
-		// As the service submits one (service/reserve.go): its key, the
-		// cost and request_id of a reserve.
-		o := *c.res
-		o.Key = c.k.name
-		op, call.Res = &o, &o
-		if c.cost > 0 {
-			call.Cost = c.cost
-		}
-		if c.reqID != "" {
-			call.ID, call.HasID, call.RequestID = keyrec.IDHash(c.reqID), true, c.reqID
-		}
-	}
-	call.Done = finisher(func(kc *keys.Call) {
-		slot.Inflight.Add(-1)
-		if errors.Is(kc.Err, fail.ErrFenced) && s.s.now < c.deadline {
-			s.route(c, n) // the partition moved while deciding: the new owner decides
-			return
-		}
-		if op != nil {
-			if kc.Err == nil && !op.NotFound {
-				n.track(c.k, op.Open, op.Next) // as the service's reply does (sweep.go)
-			}
-			c.resDone(kc, op, n)
-			return
-		}
-		if c.done != nil {
-			c.done(*kc)
-			return
-		}
-		s.check.outcome(c, n, kc)
-	})
-	m.Keys.Submit(c.k.name, call, now, nil)
+// answer is a reply to a client call, decoded (CONTRACT §2, §10).
+type answer struct {
+	code, msg   string // an error reply's code and description ("" none)
+	allowed     bool
+	remaining   int64  // micro-units
+	reservation string // a reservation's id ("" none)
+	expiresIn   int64  // expires_in_ms; -1 when absent
+	outcome     string // a settle's, release's or renew's
+	settled     int64  // micro-units
+	returned    int64  // micro-units
+	again       bool
 }
 
-type finisher func(*keys.Call)
+// failed reports whether a is an error other than a not found.
+func (a answer) failed() bool { return a.code != "" && a.code != "404" }
 
-func (f finisher) Finish(c *keys.Call) { f(c) }
+// decodeAnswer decodes a reply; an error reply is an answer with its code.
+func decodeAnswer(m *nats.Msg) (answer, error) {
+	a := answer{expiresIn: -1}
+	if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
+		a.code, a.msg = code, m.Header.Get(micro.ErrorHeader)
+		return a, nil
+	}
+	var v struct {
+		Allowed     bool        `json:"allowed"`
+		Remaining   json.Number `json:"remaining"`
+		Reservation string      `json:"reservation"`
+		ExpiresIn   *int64      `json:"expires_in_ms"`
+		Outcome     string      `json:"outcome"`
+		Settled     json.Number `json:"settled"`
+		Returned    json.Number `json:"returned"`
+		Again       bool        `json:"again"`
+	}
+	if err := json.Unmarshal(m.Data, &v); err != nil {
+		return a, err
+	}
+	a.allowed, a.reservation, a.outcome, a.again = v.Allowed, v.Reservation, v.Outcome, v.Again
+	if v.ExpiresIn != nil {
+		a.expiresIn = *v.ExpiresIn
+	}
+	for _, f := range []struct {
+		n   json.Number
+		out *int64
+	}{{v.Remaining, &a.remaining}, {v.Settled, &a.settled}, {v.Returned, &a.returned}} {
+		if f.n == "" {
+			continue
+		}
+		u, err := policies.ParseUnits(string(f.n))
+		if err != nil {
+			return a, fmt.Errorf("%q: %v", f.n, err)
+		}
+		*f.out = u
+	}
+	return a, nil
+}
+
+// decideBody is the decide request of k by call id (its "call"
+// dimension; "" none), a dry run or not.
+func decideBody(k *simKey, id string, dryRun bool) []byte {
+	b := append([]byte(`{"descriptor":`), descriptorJSON(k, id)...)
+	if dryRun {
+		b = append(b, `,"dry_run":true`...)
+	}
+	return append(b, '}')
+}
+
+// descriptorJSON is k's descriptor with call id as a JSON object.
+func descriptorJSON(k *simKey, id string) []byte {
+	d := map[string]string{}
+	for _, dim := range k.desc {
+		d[dim.Name] = dim.Value
+	}
+	if id != "" {
+		d["call"] = id
+	}
+	b, _ := json.Marshal(d) // keys sorted: a run replays exactly
+	return b
+}
+
+// reserveBody is a reserve of units (micro-units) of k for ttl (ns) by
+// call id, with request_id reqID ("" none).
+func reserveBody(k *simKey, id string, units, ttl int64, reqID string) []byte {
+	b := append([]byte(`{"descriptor":`), descriptorJSON(k, id)...)
+	b = append(b, `,"cost":`...)
+	b = kvstate.AppendUnits(b, units)
+	b = append(b, `,"ttl":`...)
+	b = strconv.AppendQuote(b, time.Duration(ttl).String())
+	if reqID != "" {
+		b = append(b, `,"request_id":`...)
+		b = strconv.AppendQuote(b, reqID)
+	}
+	return append(b, '}')
+}
+
+// endBody is a settle (keeping units), release or renew (for ttl) body
+// of reservation id.
+func endBody(ep string, id string, units, ttl int64) []byte {
+	b := append([]byte(`{"reservation":`), strconv.Quote(id)...)
+	switch ep {
+	case "settle":
+		b = append(b, `,"cost":`...)
+		b = kvstate.AppendUnits(b, units)
+	case "renew":
+		b = append(b, `,"ttl":`...)
+		b = strconv.AppendQuote(b, time.Duration(ttl).String())
+	}
+	return append(b, '}')
+}
+
+// serviceUsage is a node's usage sink for the records its service
+// publishes itself (denials, and leased admissions spent from a grant):
+// the usage model (usage.go) is the journal's, so it notes the calls
+// these records admitted, which the journal's stream does not hold
+// (check.outcome, U2).
+type serviceUsage struct{ s *Sim }
+
+func (u serviceUsage) Add(_ string, r usage.Record) bool {
+	if call, ok := r.Descriptor.Get("call"); ok && r.Allowed {
+		u.s.spentByHolder[call] = true
+	}
+	return true
+}
+
+// errAnswer is an error answer as an error.
+func (a answer) err() error {
+	if a.code == "" {
+		return nil
+	}
+	return errors.New(a.code + " " + a.msg)
+}

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
 )
 
@@ -10,31 +9,19 @@ import (
 //
 //	M6  a leased key admits, over any span, at most burst + rate × span +
 //	    max_outstanding: the admissions its holders spent from grants and
-//	    those its owners decided (with M4's slack for the clocks and the
-//	    decision deadline);
+//	    those its owners decided (with M4's slack for the clocks);
 //	L2  no report or return of a grant made in an epoch older than the
 //	    owner's is applied.
 
 // admitLeased records an admission of cost micro-units of leased key k,
-// spent now by n from a grant or answered now by its owner (how), and
-// checks M6 over every span ending now.
-func (c *checker) admitLeased(k *simKey, cost int64, n *node, how string) {
-	s := c.s
-	t := s.s.now
-	ts := append(c.rates[k.name], rateAdmission{at: t, cost: cost})
-	c.rates[k.name] = ts
-	slack := int64(s.cfg.Timeout) + 2*maxOffset
-	var admitted int64
-	for i := len(ts) - 1; i >= 0; i-- {
-		a := ts[i].at
-		admitted += ts[i].cost
-		span := (t - a) + (t-a)*2*maxDrift/1_000_000 + slack
-		allowed := (int64(leasedBurst+leasedMaxOut) + span*leasedRate/1e9 + 1) * kvstate.Unit
-		if admitted > allowed {
-			c.fail("M6: %s admitted %s in %.3fs (the last from %s at %s), allowed %s", k.name, fmtUnits(admitted),
-				float64(t-a)/1e9, how, n.id, fmtUnits(allowed))
-			return
-		}
+// spent by n from a grant or decided by its owner n (how) within
+// [lo, now], and checks M6 (checker.envelope, with max_outstanding on top
+// of the burst).
+func (c *checker) admitLeased(k *simKey, lo, cost int64, n *node, how string) {
+	admitted, allowed, span, _, ok := c.envelope(k, rateAdmission{lo: lo, at: c.s.s.now, cost: cost}, leasedBurst+leasedMaxOut, leasedRate)
+	if !ok {
+		c.fail("M6: %s admitted %s in %.3fs (the last from %s at %s), allowed %s", k.name, fmtUnits(admitted),
+			float64(span)/1e9, how, n.id, fmtUnits(allowed))
 	}
 }
 

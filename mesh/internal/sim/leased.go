@@ -6,8 +6,10 @@ import (
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
+	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
 	"github.com/limitmesh/limitmesh/mesh/internal/lease"
+	"github.com/limitmesh/limitmesh/policies"
 )
 
 // Leased mode (docs/protocol.md, "Leased mode"): the "leased" policy's
@@ -51,9 +53,7 @@ func (s *Sim) leasedClients(end int64) {
 		}
 		k := s.leased[s.s.rng.IntN(len(s.leased))]
 		n := s.nodes[s.s.rng.IntN(len(s.nodes))]
-		s.check.calls++
-		c := &clientCall{k: k, deadline: s.s.now + int64(s.cfg.Timeout), id: callID(s.check.calls)}
-		s.spendLeased(c, n)
+		s.decide(k, n)
 		gap := int64(s.s.rng.ExpFloat64() / leasedLoad * 1e9)
 		s.s.after(max(gap, 1), nil, next)
 	}
@@ -76,37 +76,35 @@ func (n *node) pool(k *simKey) *lease.Pool {
 // mono is n's monotonic clock now: the instants of its pools.
 func (n *node) mono() int64 { return n.local(n.sim.s.now) + 1 }
 
-// spendLeased decides c at n as leasing.Holder.Spend does: from the pool
-// when a grant holds the cost (or the owner said the key is exhausted),
-// else at the key's owner; the pool asks for a grant meanwhile.
-func (s *Sim) spendLeased(c *clientCall, n *node) {
-	if !n.up {
-		s.check.lost++
-		return
+// simLeaser is a node's service.Leaser: it spends the node's pools as
+// leasing.Holder.Spend does: from the pool when a grant holds the cost
+// (or the owner said the key is exhausted), else not (the service has
+// the key's owner decide); the pool asks for a grant meanwhile.
+type simLeaser struct{ n *node }
+
+func (l simLeaser) Spend(p *policies.Policy, key string, _ int, cost int64, _ time.Time) (keyrec.Decision, bool) {
+	n := l.n
+	s := n.sim
+	k := s.byName[key]
+	if n.holderStopped || k == nil {
+		return keyrec.Decision{}, false
 	}
-	if n.pausedUntil > s.s.now {
-		s.s.at(n.pausedUntil, n, func() { s.spendLeased(c, n) })
-		return
-	}
-	if n.holderStopped {
-		s.route(c, n)
-		return
-	}
-	pl := n.pool(c.k)
+	pl := n.pool(k)
 	now := n.mono()
-	r, _, _ := pl.Spend(now, kvstate.Unit)
+	r, left, retry := pl.Spend(now, cost)
 	if want, ask := pl.WantAcquire(now); ask {
-		s.acquire(n, c.k, pl, want, min(kvstate.Unit, want))
+		s.acquire(n, k, pl, want, min(cost, want))
 	}
+	d := keyrec.Decision{Policy: p.Name, Revision: p.Revision}
 	switch r {
 	case lease.Spent:
-		s.check.admitted++
-		s.check.admitLeased(c.k, kvstate.Unit, n, "a grant")
+		d.Allowed, d.Remaining = true, left
+		return d, true
 	case lease.Denied:
-		s.check.denied++
-	default:
-		s.route(c, n) // decided by the key's owner (check.outcome)
+		d.RetryAfter = retry
+		return d, true
 	}
+	return keyrec.Decision{}, false
 }
 
 // acquire asks k's owner for a grant of want units (at least least) for
@@ -262,3 +260,8 @@ func (s *Sim) askOwner(n *node, k *simKey, tmpl keys.LeaseOp, done func(*keys.Ca
 	}
 	try()
 }
+
+// finisher is a keys.Finisher of a function.
+type finisher func(*keys.Call)
+
+func (f finisher) Finish(c *keys.Call) { f(c) }

@@ -17,6 +17,7 @@ import (
 	"github.com/limitmesh/limitmesh/mesh/internal/member"
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
+	"github.com/limitmesh/limitmesh/mesh/internal/service"
 )
 
 // epoch is the Unix instant (ns) the simulation's global clock starts at.
@@ -48,12 +49,13 @@ type node struct {
 	// wait, its clock runs on.
 	pausedUntil int64
 
-	m     *member.Member
-	watch []func() // watch deliveries held while cut
-	wnext int64    // global instant of the last watch delivery scheduled
-	// open: the keys with open reservations this incarnation owns, for
-	// its expiry sweeps (sweep.go).
-	open map[string]*openKey
+	m   *member.Member
+	svc *service.Service // the decide service (net.go)
+	// subscribed: the shard subjects (by partition) the node subscribes
+	// to: while its member holds the partition.
+	subscribed []bool
+	watch      []func() // watch deliveries held while cut
+	wnext      int64    // global instant of the last watch delivery scheduled
 	// pools: this incarnation's grants of the leased keys (leased.go).
 	pools map[*simKey]*lease.Pool
 	// holderStopped: the node stops; its leased requests go to the owners.
@@ -113,7 +115,7 @@ func (n *node) start() {
 	n.stale = nil
 	n.pausedUntil = 0
 	n.watch = nil
-	n.open = nil
+	n.subscribed = make([]bool, s.cfg.Parts)
 	n.pools, n.holderStopped = nil, false
 	rtm := nodeRT{n}
 	rt := route.New("rl", s.cfg.Parts, rtm, rtm.Now())
@@ -144,18 +146,25 @@ func (n *node) start() {
 		ReadCache: 2 * s.cfg.Lease, Floors: true, Last: last, Mark: mark,
 		Nonce: s.s.rng.Uint64() | 1, Log: log,
 		Boot: "b" + strconv.Itoa(n.life), Usage: &simUsage{n: n, m: s.usage, last: map[string]usagePos{}},
-		// As the node does (mesh/start.go): adopted records with open
+		// As the node does (mesh/decide.go): adopted records with open
 		// reservations are swept by their new owner.
-		OnAdopted: func(key string, rec []byte) { n.noteRecord(key, rec) },
+		OnAdopted: func(key string, rec []byte) { n.svc.NoteRecord(key, rec) },
 	})
 	m = member.New(member.Config{
 		Self: n.id, Lease: s.cfg.Lease, DecisionTimeout: s.cfg.Timeout, Runtime: rtm,
 		Route: rt, Journal: j,
 		Keys: keys.Config{Env: s.policies, MaxConflicts: 8, Log: log,
-			OnReservations: func(_, key string, open int, next int64) { n.noteOpen(key, open, next) }},
-		Shards: simKV{n}, Log: log,
+			OnReservations: func(policy, key string, open int, next int64) { n.svc.NoteReservations(policy, key, open, next) }},
+		Shards:  simKV{n},
+		OnServe: func(p int, held bool) { n.subscribed[p] = held },
+		Log:     log,
 	})
 	n.m = m
+	n.svc = service.New(service.Config{
+		Policies: s.policies, Keys: m.Keys, Route: rt, Runtime: rtm, DecisionTimeout: s.cfg.Timeout,
+		Requests: simRequester{n}, Nonce: s.s.rng.Uint64, Usage: serviceUsage{s}, Leases: simLeaser{n},
+		Log: log, Metrics: s.svcMetrics,
+	})
 	m.Start()
 	// The watch: every current entry, the end of the initial values, then
 	// updates as they are written.
@@ -184,9 +193,7 @@ func (n *node) start() {
 		rtm.AfterFunc(s.cfg.Lease, sweep)
 	}
 	rtm.AfterFunc(s.cfg.Lease, sweep)
-	if !s.cfg.NoReservations {
-		n.startSweeps()
-	}
+	n.svc.StartSweeps(context.Background()) // they end with the incarnation
 	if !s.cfg.NoLeased {
 		s.holderTicks(n)
 	}

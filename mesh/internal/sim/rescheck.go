@@ -67,10 +67,6 @@ type simRes struct {
 	settled  int64
 	endedAns int64
 	fresh    int // answers that ended it (not again)
-	// made: an answer not deduped admitted it (the decision that made
-	// it; its answer may come after a deduped one, from a node that
-	// paused or whose answer was slow).
-	made bool
 	// The settles or releases sent (the client sends one kind, with one
 	// number of units): the first's send, the last's deadline.
 	endKind            keys.ResKind
@@ -167,11 +163,12 @@ func (c *resChecker) sent(a *resAttempt) *resAttempt {
 	return a
 }
 
-// answer checks an owner's answer to a (n: the node that decided it).
-func (c *resChecker) answer(a *resAttempt, kc *keys.Call, op *keys.ResOp, n *node) {
+// answer checks the answer an, which n made, to a (its request reached
+// n at global instant arrived).
+func (c *resChecker) answer(a *resAttempt, an answer, n *node, arrived int64) {
 	s := c.s
 	a.answered = true
-	if kc.Err != nil {
+	if an.failed() {
 		return // unavailable: the outcome is unknown
 	}
 	// R3: remaining units within capacity.
@@ -179,27 +176,40 @@ func (c *resChecker) answer(a *resAttempt, kc *keys.Call, op *keys.ResOp, n *nod
 	if a.k.conc {
 		capacity = concLimit * kvstate.Unit
 	}
-	if r := kc.Out.Remaining; r < 0 || r > capacity {
+	if r := an.remaining; r < 0 || r > capacity {
 		c.fail("R3: %s answered %s of %s with %d remaining micro-units (capacity %d)", n.id, kindName(a.kind), a.k.name, r, capacity)
 	}
 	if s.cfg.Debug {
-		s.logf("%s answers %s of %s: allowed %v, %+v", n.id, kindName(a.kind), a.k.name, kc.Out.Allowed, *op)
+		s.logf("%s answers %s of %s: %+v", n.id, kindName(a.kind), a.k.name, an)
 	}
 	if a.kind == keys.ResReserve {
-		c.reserveAnswer(a, kc, op, n)
+		c.reserveAnswer(a, an, n, arrived)
 		return
 	}
 	c.ends++
-	c.endAnswer(a, op, n)
+	c.endAnswer(a, an, n, arrived)
+}
+
+// expiry bounds, on n's clock (ns, Unix), the expiry an answer made by n
+// tells (expires_in_ms, counted from the decision's instant, rounded up
+// to a millisecond): the decision came after the request arrived and
+// before now.
+func (c *resChecker) expiry(an answer, n *node, arrived int64) (lo, hi int64) {
+	in := an.expiresIn * int64(time.Millisecond)
+	return n.wallAt(arrived) + in - int64(time.Millisecond), n.wallAt(c.s.s.now) + in
 }
 
 // reserveAnswer checks a reserve's answer: R2 (one reservation per
 // request_id), R3 (no admission beyond the limit) and R4 (no denial while
-// a slot is free).
-func (c *resChecker) reserveAnswer(a *resAttempt, kc *keys.Call, op *keys.ResOp, n *node) {
+// a slot is free). A reserve sent again with its request_id may be
+// answered from the dedupe memory, with what an earlier send's decision
+// made: its answer is checked against the instant of the call's first
+// send.
+func (c *resChecker) reserveAnswer(a *resAttempt, an answer, n *node, arrived int64) {
 	s := c.s
 	x := a.x
-	if !kc.Out.Allowed {
+	first := c.calls[x.call][0]
+	if !an.allowed {
 		c.denied++
 		a.denied = true
 		s.check.deniedIDs[x.call] = true // U3: never in the usage stream
@@ -209,17 +219,17 @@ func (c *resChecker) reserveAnswer(a *resAttempt, kc *keys.Call, op *keys.ResOp,
 				return
 			}
 		}
-		if a.k.conc && !kc.Deduped { // a deduped denial is the first one's, sent again
-			c.deniedConc(a, n)
+		if a.k.conc {
+			c.deniedConc(a, first.sent, n)
 		}
 		return
 	}
-	v := op.Res
-	if v.Seq == 0 || v.Units != x.units {
-		c.fail("R2: %s admitted reserve call %s with reservation %+v (asked %d units)", n.id, x.call, v, x.units)
+	key, seq, nonce, ok := keyrec.ParseReservationID(an.reservation)
+	if !ok || key != a.k.name || an.expiresIn < 0 {
+		c.fail("R2: %s admitted reserve call %s of %s with reservation %q (expires in %d ms)", n.id, x.call, a.k.name, an.reservation, an.expiresIn)
 		return
 	}
-	id := keyrec.ReservationID(a.k.name, v.Seq, v.Nonce)
+	id := an.reservation
 	for _, b := range c.calls[x.call] {
 		if b.denied {
 			c.fail("R2: %s admitted reserve call %s (request_id %q) as %s, which was denied before", n.id, x.call, x.reqID, id)
@@ -234,39 +244,33 @@ func (c *resChecker) reserveAnswer(a *resAttempt, kc *keys.Call, op *keys.ResOp,
 	r := c.byID[id]
 	if r != nil {
 		a.res = r
-		if !kc.Deduped {
-			if r.made {
-				c.fail("R2: %s admitted reservation %s again (call %s; first for call %s)", n.id, id, x.call, r.call)
-			}
-			r.made = true
+		if r.call != x.call {
+			c.fail("R2: %s admitted reserve call %s as %s, which was made for call %s", n.id, x.call, id, r.call)
 		}
 		return
 	}
 	c.admitted++
-	r = &simRes{id: id, k: a.k, seq: v.Seq, nonce: v.Nonce, call: x.call, units: v.Units,
-		admitted: s.s.now, expLow: v.Expires, expHigh: v.Expires, made: !kc.Deduped}
-	if v.Outcome != keyrec.Open {
-		// Found again by its request_id after it ended.
-		r.ended, r.outcome, r.settled, r.endedAns = true, v.Outcome, v.Settled, s.s.now
-	}
+	lo, hi := c.expiry(an, n, arrived)
+	r = &simRes{id: id, k: a.k, seq: seq, nonce: nonce, call: x.call, units: x.units,
+		admitted: s.s.now, expLow: lo, expHigh: hi}
 	a.res = r
 	c.byID[id] = r
 	c.byKey[a.k] = append(c.byKey[a.k], r)
-	if kc.Deduped {
-		return // made by an earlier send whose answer did not come
+	if a != first {
+		return // possibly made by an earlier send whose answer did not come
 	}
 	if !a.k.conc {
-		s.check.admitRate(a.k, 0, r, n) // R3 (M4): the rate envelope
+		s.check.admitRate(a.k, arrived, 0, r, n) // R3 (M4): the rate envelope
 		return
 	}
 	// R3: the reservations surely held when a was decided (admitted
 	// before it was sent, no settle or release sent before its answer,
 	// unexpired at every clock) leave room for it.
-	_, hi := s.wallRange(s.s.now)
-	held := v.Units
+	_, wall := s.wallRange(s.s.now)
+	held := r.units
 	var ids []string
 	for _, o := range c.byKey[a.k] {
-		if o == r || o.admitted > a.sent || o.ended || o.endSent != 0 && o.endSent < s.s.now || hi >= o.expLow {
+		if o == r || o.admitted > a.sent || o.ended || o.endSent != 0 && o.endSent < s.s.now || wall >= o.expLow {
 			continue
 		}
 		held += o.units
@@ -274,18 +278,19 @@ func (c *resChecker) reserveAnswer(a *resAttempt, kc *keys.Call, op *keys.ResOp,
 	}
 	if held > concLimit*kvstate.Unit {
 		c.fail("R3: %s admitted %s (%s) while %v were surely held: %d units held, limit %d",
-			n.id, id, fmtUnits(v.Units), ids, held/kvstate.Unit, concLimit)
+			n.id, id, fmtUnits(r.units), ids, held/kvstate.Unit, concLimit)
 	}
 }
 
-// deniedConc checks R4 for a denied reserve of a conc key: the
-// reservations possibly held when it was decided leave no room for it. A
-// reservation is possibly held unless an answer told its end before a was
-// sent, or it expired by then at every node's clock; a reserve sent before
-// a was answered and not denied is possibly held until its latest expiry.
-func (c *resChecker) deniedConc(a *resAttempt, n *node) {
+// deniedConc checks R4 for a denied reserve of a conc key, decided after
+// since (global): the reservations possibly held when it was decided
+// leave no room for it. A reservation is possibly held unless an answer
+// told its end before since, or it expired by then at every node's clock;
+// a reserve sent before a was answered and not denied is possibly held
+// until its latest expiry.
+func (c *resChecker) deniedConc(a *resAttempt, since int64, n *node) {
 	s := c.s
-	lo, _ := s.wallRange(a.sent)
+	lo, _ := s.wallRange(since)
 	held := a.units
 	seen := map[*simRes]bool{}
 	for _, b := range c.attempts[a.k] {
@@ -293,7 +298,7 @@ func (c *resChecker) deniedConc(a *resAttempt, n *node) {
 			continue
 		}
 		if r := b.res; r != nil {
-			if seen[r] || r.ended && r.outcome != keyrec.Expired && r.endedAns <= a.sent || lo >= r.expHigh {
+			if seen[r] || r.ended && r.outcome != keyrec.Expired && r.endedAns <= since || lo >= r.expHigh {
 				continue
 			}
 			seen[r] = true
@@ -311,19 +316,16 @@ func (c *resChecker) deniedConc(a *resAttempt, n *node) {
 	}
 }
 
+// outcomes are the outcomes of settle, release and renew replies.
+var outcomes = map[string]keyrec.Outcome{"settled": keyrec.Settled, "released": keyrec.Released, "expired": keyrec.Expired, "renewed": keyrec.Open}
+
 // endAnswer checks the answer to a settle, release or renew: R1 and R2.
-func (c *resChecker) endAnswer(a *resAttempt, op *keys.ResOp, n *node) {
+func (c *resChecker) endAnswer(a *resAttempt, an answer, n *node, arrived int64) {
 	s := c.s
 	r := a.r
-	if op.NotFound { // R1
+	if an.code == "404" { // R1
 		c.notFound++
 		switch _, hi := s.wallRange(s.s.now); {
-		case op.Res.Seq != 0:
-			// The call's last decision found the reservation (the owner
-			// decided it more than once: a blind start, a lost
-			// compare-and-swap) and an earlier one did not.
-			c.fail("R1: %s answered %s of %s not found, and the same answer holds it %s (again %v): %s", n.id, kindName(a.kind), r.id,
-				op.Res.Outcome, op.Again, staleNotFound)
 		case r.ended && r.outcome != keyrec.Expired:
 			c.fail("R1: %s answered %s of %s not found, but it was %s (%s kept)", n.id, kindName(a.kind), r.id, r.outcome, fmtUnits(r.settled))
 		case hi < r.expLow:
@@ -332,43 +334,47 @@ func (c *resChecker) endAnswer(a *resAttempt, op *keys.ResOp, n *node) {
 		return
 	}
 	// R2: the reservation asked for, ended at most once, as asked.
-	v := op.Res
-	if v.Seq != r.seq || v.Nonce != r.nonce || v.Units != r.units || v.Outcome != keyrec.Open && v.Settled+v.Returned != v.Units {
-		c.fail("R2: %s answered %s of %s with reservation %+v", n.id, kindName(a.kind), r.id, v)
+	outcome, ok := outcomes[an.outcome]
+	units := r.units
+	if outcome != keyrec.Open {
+		units = an.settled + an.returned
+	}
+	if !ok || an.reservation != r.id || units != r.units {
+		c.fail("R2: %s answered %s of %s with %+v", n.id, kindName(a.kind), r.id, an)
 		return
 	}
-	if a.kind == keys.ResRenew && !op.Again {
-		if v.Outcome != keyrec.Open || r.ended {
-			c.fail("R2: %s renewed %s (outcome %s), which had ended %s", n.id, r.id, v.Outcome, r.outcome)
+	if a.kind == keys.ResRenew && !an.again {
+		if outcome != keyrec.Open || r.ended {
+			c.fail("R2: %s renewed %s (outcome %s), which had ended %s", n.id, r.id, outcome, r.outcome)
 			return
 		}
-		r.expLow, r.expHigh = v.Expires, v.Expires
+		r.expLow, r.expHigh = c.expiry(an, n, arrived)
 		return
 	}
-	if !op.Again {
+	if !an.again {
 		r.fresh++
 	}
 	switch {
-	case v.Outcome == keyrec.Open || v.Outcome == keyrec.Expired:
-		c.fail("R2: %s answered %s of %s with outcome %s", n.id, kindName(a.kind), r.id, v.Outcome)
+	case outcome == keyrec.Open || outcome == keyrec.Expired:
+		c.fail("R2: %s answered %s of %s with outcome %s", n.id, kindName(a.kind), r.id, outcome)
 	case r.fresh > 1:
-		c.fail("R2: %s ended %s as %s (%s kept), which an earlier answer ended already", n.id, r.id, v.Outcome, fmtUnits(v.Settled))
+		c.fail("R2: %s ended %s as %s (%s kept), which an earlier answer ended already", n.id, r.id, outcome, fmtUnits(an.settled))
 	case r.ended:
 		// Answers may come in another order than their decisions: the
 		// first ending's own answer may come after one that repeats it.
-		if v.Outcome != r.outcome || v.Settled != r.settled {
+		if outcome != r.outcome || an.settled != r.settled {
 			c.fail("R2: %s ended %s as %s (%s kept, again %v), which had ended as %s (%s kept)",
-				n.id, r.id, v.Outcome, fmtUnits(v.Settled), op.Again, r.outcome, fmtUnits(r.settled))
+				n.id, r.id, outcome, fmtUnits(an.settled), an.again, r.outcome, fmtUnits(r.settled))
 		}
 	default:
 		want, kept := keyrec.Settled, r.endUnits
 		if r.endKind == keys.ResRelease {
 			want, kept = keyrec.Released, 0
 		}
-		if r.endKind == 0 || v.Outcome != want || v.Settled != kept {
-			c.fail("R2: %s ended %s as %s (%s kept), but the client asked %s of %s", n.id, r.id, v.Outcome, fmtUnits(v.Settled), kindName(r.endKind), fmtUnits(kept))
+		if r.endKind == 0 || outcome != want || an.settled != kept {
+			c.fail("R2: %s ended %s as %s (%s kept), but the client asked %s of %s", n.id, r.id, outcome, fmtUnits(an.settled), kindName(r.endKind), fmtUnits(kept))
 		}
-		r.ended, r.outcome, r.settled, r.endedAns = true, v.Outcome, v.Settled, s.s.now
+		r.ended, r.outcome, r.settled, r.endedAns = true, outcome, an.settled, s.s.now
 	}
 }
 
@@ -548,16 +554,14 @@ func (c *resChecker) final(counted []usageRec) []error {
 }
 
 // whereIs says, for a failure's message, which node serves r's key at the
-// end, whether its sweeps know the key, and how the key's latest record
-// (the highest version written anywhere) holds r.
+// end and how the key's latest record (the highest version written
+// anywhere) holds r.
 func (c *resChecker) whereIs(r *simRes) string {
 	s := c.s
 	var b strings.Builder
-	known := false
 	for _, n := range s.nodes {
 		if n.up && n.m.Route.Serving(r.k.part) {
-			known = n.open[r.k.name] != nil
-			fmt.Fprintf(&b, "%s serves its key (partition %d), its sweeps know the key: %v", n.id, r.k.part, known)
+			fmt.Fprintf(&b, "%s serves its key (partition %d)", n.id, r.k.part)
 		}
 	}
 	var latest *keyrec.Record
@@ -588,7 +592,7 @@ func (c *resChecker) whereIs(r *simRes) string {
 	if !ok {
 		return fmt.Sprintf("%s; its key's latest record (version %d, %s) does not hold it", b.String(), latest.Version, where)
 	}
-	if v.Outcome == keyrec.Open && !known {
+	if v.Outcome == keyrec.Open {
 		return fmt.Sprintf("%s; its key's latest record (version %d, %s) holds it open: %s", b.String(), latest.Version, where, unswept)
 	}
 	return fmt.Sprintf("%s; its key's latest record (version %d, %s) holds it %s", b.String(), latest.Version, where, v.Outcome)
@@ -597,10 +601,6 @@ func (c *resChecker) whereIs(r *simRes) string {
 // The protocol bugs the checks found, named in their failures' messages
 // (sim_test.go's knownBugs lists those not fixed yet).
 const (
-	// staleNotFound: keys.ResOp's results are not cleared when its call is
-	// decided again, so a not found of an earlier decision outlives the
-	// one that settled it.
-	staleNotFound = "a not found of an earlier decision of the call (keys/reserve.go)"
 	// unswept: a node learns the keys with open reservations only from
 	// the reservation calls it decides, so a key whose owner changed (or
 	// restarted) after its last such call is never swept.

@@ -4,8 +4,8 @@ import (
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
-	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
+	"github.com/nats-io/nats.go"
 )
 
 // Reserving clients (CONTRACT §10). Besides the decide clients, sessions
@@ -100,10 +100,9 @@ func (s *Sim) reserveAttempt(x *resSession) {
 	n := s.nodes[x.last]
 	deadline := s.s.now + int64(s.cfg.Timeout)
 	a := s.res.sent(&resAttempt{kind: keys.ResReserve, k: x.k, x: x, units: x.units, ttl: x.ttl, deadline: deadline})
-	cc := &clientCall{id: x.call, k: x.k, deadline: deadline, cost: x.units, reqID: x.reqID,
-		res: &keys.ResOp{Kind: keys.ResReserve, TTL: x.ttl, Nonce: s.s.rng.Uint64() & (1<<keyrec.NonceBits - 1)}}
-	s.attempt(a, cc, n, func(kc *keys.Call, op *keys.ResOp) {
-		if !kc.Out.Allowed || a.res == nil { // denied (or an answer R2 refused)
+	body := reserveBody(x.k, x.call, x.units, x.ttl, x.reqID)
+	s.attempt(a, &clientCall{id: x.call, k: x.k}, n, reserveEndpoint, body, func(an answer) {
+		if !an.allowed || a.res == nil { // denied (or an answer R2 refused)
 			s.res.active--
 			return
 		}
@@ -142,9 +141,11 @@ func (s *Sim) end(x *resSession, kind keys.ResKind, units int64, try int) {
 	send := func(n *node, last bool) {
 		deadline := s.s.now + int64(s.cfg.Timeout)
 		a := s.res.sent(&resAttempt{kind: kind, k: x.k, r: r, units: units, deadline: deadline})
-		cc := &clientCall{k: x.k, deadline: deadline,
-			res: &keys.ResOp{Kind: kind, Seq: r.seq, Nonce: r.nonce, Units: units}}
-		s.attempt(a, cc, n, func(*keys.Call, *keys.ResOp) {
+		ep, name := settleEndpoint, "settle"
+		if kind == keys.ResRelease {
+			ep, name = releaseEndpoint, "release"
+		}
+		s.attempt(a, &clientCall{k: x.k}, n, ep, endBody(name, r.id, units, 0), func(answer) {
 			if last {
 				s.res.active--
 			}
@@ -174,30 +175,29 @@ func (s *Sim) renew(x *resSession) {
 	ttl := s.s.between(minResTTL, maxResTTL)
 	deadline := s.s.now + int64(s.cfg.Timeout)
 	a := s.res.sent(&resAttempt{kind: keys.ResRenew, k: x.k, r: x.r, ttl: ttl, deadline: deadline})
-	cc := &clientCall{k: x.k, deadline: deadline,
-		res: &keys.ResOp{Kind: keys.ResRenew, Seq: x.r.seq, Nonce: x.r.nonce, TTL: ttl}}
 	later := func() { s.s.after(s.s.between(0, ttl*13/10), nil, func() { s.act(x, true) }) }
-	s.attempt(a, cc, n, func(*keys.Call, *keys.ResOp) { later() }, later)
+	s.attempt(a, &clientCall{k: x.k}, n, renewEndpoint, endBody("renew", x.r.id, 0, ttl), func(answer) { later() }, later)
 }
 
-// attempt sends cc to n. The checker gets the answer if one comes; the
-// client acts on it (then) unless it has an error or is lost, or when none
-// comes in time (lost).
-func (s *Sim) attempt(a *resAttempt, cc *clientCall, n *node, then func(*keys.Call, *keys.ResOp), lost func()) {
+// attempt sends reservation call a (body, to endpoint ep) to n. The
+// checker gets the answer where it is made, if one is (resChecker.answer);
+// the client acts on the answer it gets (then) unless it is an error
+// other than not found or is lost, or when none comes in time (lost).
+func (s *Sim) attempt(a *resAttempt, cc *clientCall, n *node, ep endpoint, body []byte, then func(answer), lost func()) {
 	over := false
-	cc.resDone = func(kc *keys.Call, op *keys.ResOp, on *node) {
-		s.res.answer(a, kc, op, on)
+	cc.decided = func(on *node, arrived int64, an answer) { s.res.answer(a, an, on, arrived) }
+	s.send(cc, n, ep, body, func(m *nats.Msg) {
 		if over {
 			return
 		}
 		over = true
-		if kc.Err != nil || s.s.chance(lostReply) {
+		an, err := decodeAnswer(m)
+		if err != nil || an.failed() || s.s.chance(lostReply) {
 			lost()
 			return
 		}
-		then(kc, op)
-	}
-	s.route(cc, n)
+		then(an)
+	})
 	s.s.after(2*int64(s.cfg.Timeout), nil, func() {
 		if !over {
 			over = true

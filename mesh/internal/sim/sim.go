@@ -8,7 +8,9 @@ import (
 
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/policyset"
+	"github.com/limitmesh/limitmesh/mesh/internal/service"
 	"github.com/limitmesh/limitmesh/policies"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Config is one simulated run.
@@ -97,6 +99,13 @@ type Sim struct {
 	// claims[p][rev] is the node whose claim of partition p landed at
 	// revision rev (the epoch it serves in).
 	claims []map[uint64]string
+	// calls: the client call each request body in flight carries (net.go);
+	// spentByHolder: the calls a node admitted from its grant (client.go);
+	// byName: the keys by limit key; svcMetrics: the services' metrics.
+	calls         map[*byte]*clientCall
+	spentByHolder map[string]bool
+	byName        map[string]*simKey
+	svcMetrics    *service.Metrics
 }
 
 // simKey is one limit key the clients spend.
@@ -140,7 +149,12 @@ const (
 func New(cfg Config) (*Sim, error) {
 	cfg = cfg.Defaults()
 	s := &Sim{cfg: cfg, s: newSched(cfg.Seed), shards: newStream("KV_rl_shards"),
-		state: newStream("KV_rl_state"), journal: newStream("RL_JOURNAL"), policies: policyset.New()}
+		state: newStream("KV_rl_state"), journal: newStream("RL_JOURNAL"), policies: policyset.New(),
+		calls: map[*byte]*clientCall{}, spentByHolder: map[string]bool{}, byName: map[string]*simKey{}}
+	var err error
+	if s.svcMetrics, err = service.NewMetrics(prometheus.NewRegistry()); err != nil {
+		return nil, err
+	}
 	s.claims = make([]map[uint64]string, cfg.Parts)
 	for p := range s.claims {
 		s.claims[p] = map[uint64]string{}
@@ -162,6 +176,7 @@ func New(cfg Config) (*Sim, error) {
 				return nil, err
 			}
 			sk := &simKey{name: key, part: ownership.PartitionOf(key, cfg.Parts), p: p, desc: d, count: i == 0, conc: i == 2, leased: i == 3}
+			s.byName[key] = sk
 			switch i {
 			case 0:
 				s.keys = append(s.keys, sk)

@@ -152,18 +152,22 @@ func (g *Gateway) respond(r micro.Request, rep reply) {
 }
 
 // HandleNode answers a gateway's report or return of a sub-grant on
-// <prefix>.v1.lease.node.<id>.
-func (g *Gateway) HandleNode(m *nats.Msg) {
+// <prefix>.v1.lease.node.<id> (ServeNode).
+func (g *Gateway) HandleNode(m *nats.Msg) { g.ServeNode(msgRequest{m}) }
+
+// ServeNode answers a gateway's report or return r of a sub-grant this
+// node made, at once.
+func (g *Gateway) ServeNode(r Request) {
 	var req gatewayRequest
-	if err := decode(m.Data, &req); err != nil {
-		respond(m, reply{Result: resBadRequest, Message: err.Error()})
+	if err := decode(r.Data(), &req); err != nil {
+		respond(r, reply{Result: resBadRequest, Message: err.Error()})
 		return
 	}
 	if req.Op == opAcquire {
-		respond(m, reply{Result: resBadRequest, Message: "acquires go to the gateway subject"})
+		respond(r, reply{Result: resBadRequest, Message: "acquires go to the gateway subject"})
 		return
 	}
-	respond(m, subReportReply(g.holder.subReport(req.Grant, req.Epoch, req.Spent, req.Op == opReturn)))
+	respond(r, subReportReply(g.holder.subReport(req.Grant, req.Epoch, req.Spent, req.Op == opReturn)))
 }
 
 // subReportReply is the reply to a gateway's report or return that the

@@ -1,10 +1,12 @@
 package leasing
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,36 +23,53 @@ import (
 // at; a quarter of the shortest ttl (100 ms) is 25 ms.
 const tick = 10 * time.Millisecond
 
+// retryEvery is how often a request to a partition's owner is sent again
+// while no node serves the partition (no responders, or not_owner).
+const retryEvery = 3 * time.Millisecond
+
 // Holder is a node's holder side of leased mode: one pool of grants
 // (lease.Pool) per leased key this node decides for, asked for from the
 // key's owner. Plain decisions spend from it (Spend); the Gateway has
 // sub-grants carved from it (carve) and reported back (subReport); every
-// tick Run reports, returns and asks for grants. Instants are the
-// holder's monotonic clock (ns since New, plus one). Its methods are safe
+// tick (Start) it reports, returns and asks for grants; Return gives every
+// grant back. Instants are the holder's monotonic clock (ns since New,
+// plus one).
+//
+// It reaches time and the owners only through its Runtime and Requester:
+// no call blocks, every request to an owner continues in a callback, and
+// the requests one call sends go out in an order fixed by its input (keys
+// in order), so the simulation replays it exactly. Its methods are safe
 // for concurrent use.
 type Holder struct {
-	conn    *nats.Conn
-	prefix  string
-	self    string
-	rt      rt.Runtime
-	timeout time.Duration
-	log     *slog.Logger
-	m       *metrics
-	base    time.Time // origin of the monotonic clock
+	requests rt.Requester
+	prefix   string
+	self     string
+	rt       rt.Runtime
+	timeout  time.Duration
+	log      *slog.Logger
+	m        *metrics
+	base     time.Time // origin of the monotonic clock
 
-	mu       sync.RWMutex
-	entries  map[string]*entry // pools by limit key
-	subs     map[uint64]*entry // sub-grants out, by id: the pool each came from
-	seq      atomic.Uint64     // sub-grant ids
-	stopping bool
+	mu      sync.RWMutex
+	entries map[string]*entry // pools by limit key
+	subs    map[uint64]*entry // sub-grants out, by id: the pool each came from
+	seq     atomic.Uint64     // sub-grant ids
+	// stopping is set (under mu) by Return; from then on no pool is made,
+	// no tick works, and a grant that arrives is returned at once.
+	stopping atomic.Bool
 
-	bg sync.WaitGroup // requests to owners in flight
+	fmu    sync.Mutex
+	flight int      // requests to owners in flight
+	idle   []func() // called when flight drops to 0 (Return)
 }
 
 func newHolder(cfg Config, m *metrics) *Holder {
-	h := &Holder{conn: cfg.Conn, prefix: cfg.Prefix, self: cfg.Self, rt: cfg.Runtime, timeout: cfg.Timeout,
+	h := &Holder{requests: cfg.Requests, prefix: cfg.Prefix, self: cfg.Self, rt: cfg.Runtime, timeout: cfg.Timeout,
 		log: cfg.Log, m: m, base: cfg.Runtime.Now(),
 		entries: make(map[string]*entry), subs: make(map[uint64]*entry)}
+	if h.requests == nil {
+		h.requests = rt.NATS(cfg.Conn)
+	}
 	// Sub-grant ids start at a per-process base, so the ids of a node
 	// that restarted do not name its earlier sub-grants.
 	h.seq.Store(uint64(h.base.UnixNano()) << 8)
@@ -95,14 +114,14 @@ func (h *Holder) entry(p *policies.Policy, key string, part int) *entry {
 // lookup returns key's entry, made when missing (not locked).
 func (h *Holder) lookup(p *policies.Policy, key string, part int) *entry {
 	h.mu.RLock()
-	e, stopping := h.entries[key], h.stopping
+	e, stopping := h.entries[key], h.stopping.Load()
 	h.mu.RUnlock()
 	if stopping {
 		return nil
 	}
 	if e == nil {
 		h.mu.Lock()
-		if h.stopping {
+		if h.stopping.Load() {
 			h.mu.Unlock()
 			return nil
 		}
@@ -176,29 +195,33 @@ func spendDecision(p *policies.Policy, r lease.SpendResult, left, retry int64) (
 	return keyrec.Decision{}, false
 }
 
-// startAcquire asks the key's owner for a grant of want micro-units (at
-// least least) in the background; e.done is set.
+// startAcquire asks e's owner for a grant of want micro-units (at least
+// least, at least one micro-unit) and puts the answer in e's pool; e.done
+// is set (and closed once the answer is in). A grant that arrives once
+// the holder stops is returned at once.
 func (h *Holder) startAcquire(e *entry, want, least int64) {
-	h.bg.Go(func() { h.acquire(e, want, max(least, 1)) })
-}
-
-// acquire asks e's owner for a grant and puts the answer in e's pool.
-func (h *Holder) acquire(e *entry, want, least int64) {
 	e.mu.Lock()
 	p := e.p
 	e.mu.Unlock()
 	sent := h.now()
-	ctx, cancel := context.WithTimeout(context.Background(), h.timeout)
-	r, err := h.ask(ctx, e.part, ownerRequest{Op: opAcquire, Policy: p.Name, Key: e.key, Holder: h.self, Want: want, Min: least})
-	cancel()
-	now := h.now()
-	e.mu.Lock()
-	applyAcquire(e.pool, sent, now, r, err)
-	if e.done != nil {
-		close(e.done)
-		e.done = nil
-	}
-	e.mu.Unlock()
+	req := ownerRequest{Op: opAcquire, Policy: p.Name, Key: e.key, Holder: h.self, Want: want, Min: max(least, 1)}
+	h.ask(e.part, req, func(r reply, err error) {
+		now := h.now()
+		e.mu.Lock()
+		applyAcquire(e.pool, sent, now, r, err)
+		var late []lease.Held
+		if h.stopping.Load() {
+			late = e.pool.Drain()
+		}
+		if e.done != nil {
+			close(e.done)
+			e.done = nil
+		}
+		e.mu.Unlock()
+		for _, g := range late {
+			h.sendReport(e, g, true)
+		}
+	})
 }
 
 // applyAcquire puts the owner's answer r (or the failure err) to an
@@ -223,38 +246,81 @@ func applyAcquire(pl *lease.Pool, sent, now int64, r reply, err error) {
 	}
 }
 
-// ask sends req to the owner of partition part and returns its reply,
-// retrying while no node serves the partition (a move, a dead owner before
-// its lease ran out) until ctx ends.
-func (h *Holder) ask(ctx context.Context, part int, req ownerRequest) (reply, error) {
+// ask sends req to the owner of partition part and calls done with its
+// reply, sending it again every retryEvery while no node serves the
+// partition (a move, a dead owner before its lease ran out), until the
+// timeout (then err is context.DeadlineExceeded). The request counts as
+// in flight until done returns.
+func (h *Holder) ask(part int, req ownerRequest, done func(reply, error)) {
 	body, _ := json.Marshal(req)
 	subject := OwnerSubject(h.prefix, part)
-	for {
-		m, err := h.conn.RequestWithContext(ctx, subject, body)
-		var r reply
-		switch {
-		case err == nil:
-			if jerr := json.Unmarshal(m.Data, &r); jerr != nil {
-				return r, jerr
+	deadline := h.rt.Now().Add(h.timeout)
+	h.begin()
+	finish := func(r reply, err error) {
+		done(r, err)
+		h.end()
+	}
+	var try func()
+	try = func() {
+		h.requests.Request(&nats.Msg{Subject: subject, Data: body}, deadline, func(m *nats.Msg, err error) {
+			var r reply
+			switch {
+			case err == nil:
+				if jerr := json.Unmarshal(m.Data, &r); jerr != nil {
+					finish(r, jerr)
+					return
+				}
+				if r.Result != resNotOwner {
+					finish(r, nil)
+					return
+				}
+			case !errors.Is(err, nats.ErrNoResponders):
+				finish(r, err)
+				return
 			}
-			if r.Result != resNotOwner {
-				return r, nil
+			left := deadline.Sub(h.rt.Now())
+			if left <= 0 {
+				finish(r, context.DeadlineExceeded)
+				return
 			}
-		case !errors.Is(err, nats.ErrNoResponders):
-			return r, err
-		}
-		select {
-		case <-ctx.Done():
-			return r, ctx.Err()
-		case <-time.After(3 * time.Millisecond):
-		}
+			h.rt.AfterFunc(min(retryEvery, left), func() {
+				if !h.rt.Now().Before(deadline) {
+					finish(r, context.DeadlineExceeded)
+					return
+				}
+				try()
+			})
+		})
+	}
+	try()
+}
+
+// begin counts a request to an owner in flight.
+func (h *Holder) begin() {
+	h.fmu.Lock()
+	h.flight++
+	h.fmu.Unlock()
+}
+
+// end counts a request to an owner done, calling what waits for none to
+// be in flight when it was the last.
+func (h *Holder) end() {
+	h.fmu.Lock()
+	h.flight--
+	var idle []func()
+	if h.flight == 0 {
+		idle, h.idle = h.idle, nil
+	}
+	h.fmu.Unlock()
+	for _, f := range idle {
+		f()
 	}
 }
 
 // sendReport reports held's use to its owner, or returns it (ret); a
 // refusal of a report marks the grant stale (spent to its deadline, not
 // reported again).
-func (h *Holder) sendReport(ctx context.Context, e *entry, held lease.Held, ret bool) {
+func (h *Holder) sendReport(e *entry, held lease.Held, ret bool) {
 	e.mu.Lock()
 	p := e.p
 	e.mu.Unlock()
@@ -262,34 +328,54 @@ func (h *Holder) sendReport(ctx context.Context, e *entry, held lease.Held, ret 
 	if ret {
 		op = opReturn
 	}
-	ctx, cancel := context.WithTimeout(ctx, h.timeout)
-	defer cancel()
-	r, err := h.ask(ctx, e.part, ownerRequest{Op: op, Policy: p.Name, Key: e.key, Grant: held.ID, Epoch: held.Epoch, Spent: held.Used})
-	if err != nil {
-		h.log.Debug("lease report failed", "key", e.key, "op", op, "error", err.Error())
-		return
+	h.ask(e.part, ownerRequest{Op: op, Policy: p.Name, Key: e.key, Grant: held.ID, Epoch: held.Epoch, Spent: held.Used}, func(r reply, err error) {
+		if err != nil {
+			h.log.Debug("lease report failed", "key", e.key, "op", op, "error", err.Error())
+			return
+		}
+		if r.Result != resOK && !ret {
+			e.mu.Lock()
+			e.pool.MarkStale(held.ID, held.Epoch)
+			e.mu.Unlock()
+		}
+	})
+}
+
+// Start looks at every pool each tick on the Runtime's timers until stop
+// is called or the holder stops (Return): grants whose deadline passed or
+// that stayed unused are returned, changed ones reported, and a pool in
+// use under half a grant asks for the next.
+func (h *Holder) Start() (stop func()) {
+	var mu sync.Mutex
+	stopped := false
+	var cancel func() bool
+	var next func()
+	next = func() {
+		if !h.sweep(h.now()) {
+			return
+		}
+		mu.Lock()
+		if !stopped {
+			cancel = h.rt.AfterFunc(tick, next)
+		}
+		mu.Unlock()
 	}
-	if r.Result != resOK && !ret {
-		e.mu.Lock()
-		e.pool.MarkStale(held.ID, held.Epoch)
-		e.mu.Unlock()
+	mu.Lock()
+	cancel = h.rt.AfterFunc(tick, next)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		stopped = true
+		cancel()
+		mu.Unlock()
 	}
 }
 
-// Run looks at every pool each tick until ctx ends: grants whose deadline
-// passed or that stayed unused are returned, changed ones reported, and a
-// pool in use under half a grant asks for the next.
+// Run does the holder's ticks (Start) until ctx ends.
 func (h *Holder) Run(ctx context.Context) {
-	tk := time.NewTicker(tick)
-	defer tk.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tk.C:
-			h.sweep(h.now())
-		}
-	}
+	stop := h.Start()
+	<-ctx.Done()
+	stop()
 }
 
 // chores is one tick's work on a pool.
@@ -314,17 +400,15 @@ func choresAt(pl *lease.Pool, now int64) chores {
 	return c
 }
 
-// sweep does the work due at now on every pool (Run).
-func (h *Holder) sweep(now int64) {
+// sweep does the work due at now on every pool, in key order (Start);
+// false when the holder stops (nothing done).
+func (h *Holder) sweep(now int64) bool {
 	h.mu.RLock()
-	es := make([]*entry, 0, len(h.entries))
-	for _, e := range h.entries {
-		es = append(es, e)
-	}
-	stopping := h.stopping
+	es := h.sorted()
+	stopping := h.stopping.Load()
 	h.mu.RUnlock()
 	if stopping {
-		return
+		return false
 	}
 	var gone []*entry
 	var ended []uint64
@@ -340,17 +424,17 @@ func (h *Holder) sweep(now int64) {
 			h.startAcquire(e, c.acquire, min(c.acquire, kvstate.Unit))
 		}
 		for _, held := range c.returns {
-			h.bg.Go(func() { h.sendReport(context.Background(), e, held, true) })
+			h.sendReport(e, held, true)
 		}
 		for _, held := range c.reports {
-			h.bg.Go(func() { h.sendReport(context.Background(), e, held, false) })
+			h.sendReport(e, held, false)
 		}
 		if c.idle {
 			gone = append(gone, e)
 		}
 	}
 	if len(gone) == 0 && len(ended) == 0 {
-		return
+		return true
 	}
 	h.mu.Lock()
 	for _, id := range ended {
@@ -365,30 +449,59 @@ func (h *Holder) sweep(now int64) {
 		e.mu.Unlock()
 	}
 	h.mu.Unlock()
+	return true
 }
 
-// Stop returns every grant held (their units go back to the keys), bounded
-// by ctx; from then on every leased request is decided by its owner.
-func (h *Holder) Stop(ctx context.Context) {
-	h.mu.Lock()
-	h.stopping = true
+// sorted returns the pools in key order, the order their requests go
+// out in; h.mu held.
+func (h *Holder) sorted() []*entry {
 	es := make([]*entry, 0, len(h.entries))
 	for _, e := range h.entries {
 		es = append(es, e)
 	}
+	slices.SortFunc(es, func(a, b *entry) int { return cmp.Compare(a.key, b.key) })
+	return es
+}
+
+// Return stops the holder and gives every grant it holds back to its
+// key's owner (their units go back to the keys), in key order; from then
+// on every leased request is decided by its owner (Spend and carve
+// decline) and the ticks end. done is called once, never before Return
+// returns, when no request to an owner is in flight any more: every
+// return answered or timed out (each is bounded by the timeout), as well
+// as the acquires and reports sent before (a grant an acquire brings
+// back is returned first).
+func (h *Holder) Return(done func()) {
+	h.mu.Lock()
+	h.stopping.Store(true)
+	es := h.sorted()
 	h.mu.Unlock()
-	var wg sync.WaitGroup
+	h.begin()
 	for _, e := range es {
 		e.mu.Lock()
 		held := e.pool.Drain()
 		e.mu.Unlock()
 		for _, g := range held {
-			wg.Go(func() { h.sendReport(ctx, e, g, true) })
+			h.sendReport(e, g, true)
 		}
 	}
-	wg.Wait()
+	h.fmu.Lock()
+	last := h.flight == 1
+	if !last {
+		h.idle = append(h.idle, done)
+	}
+	h.fmu.Unlock()
+	h.end()
+	if last {
+		h.rt.Go(done)
+	}
+}
+
+// Stop returns every grant held (Return), waiting until every request to
+// an owner is answered or timed out, or ctx ends.
+func (h *Holder) Stop(ctx context.Context) {
 	done := make(chan struct{})
-	go func() { h.bg.Wait(); close(done) }()
+	h.Return(func() { close(done) })
 	select {
 	case <-done:
 	case <-ctx.Done():

@@ -41,7 +41,10 @@ import (
 
 // Config configures a node's Leasing.
 type Config struct {
-	Conn     *nats.Conn
+	Conn *nats.Conn
+	// Requests carries the Holder's requests to the keys' owners; nil:
+	// rt.NATS(Conn).
+	Requests rt.Requester
 	Prefix   string
 	Self     string // this node's id: its holder name at owners
 	Policies *policyset.Set
@@ -64,7 +67,7 @@ type Leasing struct {
 	*Gateway
 }
 
-// New returns a node's Leasing; nothing runs before Run.
+// New returns a node's Leasing; nothing runs before Run (or Start).
 func New(cfg Config) (*Leasing, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -78,6 +81,29 @@ func New(cfg Config) (*Leasing, error) {
 	}
 	h := newHolder(cfg, m)
 	return &Leasing{Owner: newOwner(cfg, m), Holder: h, Gateway: newGateway(cfg, m, h)}, nil
+}
+
+// Request is one request on a lease subject, answered once: a NATS
+// message in production ([Owner.HandleOwner], [Gateway.HandleNode]), a
+// message of the simulated network in the simulation.
+type Request interface {
+	// Data returns the request's body.
+	Data() []byte
+	// Respond sends data, the reply's body, to the requester.
+	Respond(data []byte) error
+}
+
+// msgRequest is a NATS message as a Request; one without a reply subject
+// is answered by nothing.
+type msgRequest struct{ m *nats.Msg }
+
+func (r msgRequest) Data() []byte { return r.m.Data }
+
+func (r msgRequest) Respond(data []byte) error {
+	if r.m.Reply == "" {
+		return nil
+	}
+	return r.m.Respond(data)
 }
 
 // OwnerSubject returns <prefix>.v1.lease.shard.<p>: partition p's owner

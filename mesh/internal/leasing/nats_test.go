@@ -37,7 +37,7 @@ type testOwner struct {
 func (o *testOwner) handle(m *nats.Msg) {
 	var req ownerRequest
 	if err := decode(m.Data, &req); err != nil {
-		respond(m, reply{Result: resBadRequest})
+		respond(msgRequest{m}, reply{Result: resBadRequest})
 		return
 	}
 	o.mu.Lock()
@@ -45,12 +45,12 @@ func (o *testOwner) handle(m *nats.Msg) {
 	o.reqs = append(o.reqs, req)
 	switch {
 	case len(o.reqs) == 1:
-		respond(m, reply{Result: resNotOwner})
+		respond(msgRequest{m}, reply{Result: resNotOwner})
 	case req.Op == opAcquire:
 		o.grant++
-		respond(m, reply{Result: resGranted, Policy: req.Policy, Grant: o.grant, Epoch: 41, Units: req.Want, TTL: int64(2 * time.Second)})
+		respond(msgRequest{m}, reply{Result: resGranted, Policy: req.Policy, Grant: o.grant, Epoch: 41, Units: req.Want, TTL: int64(2 * time.Second)})
 	default:
-		respond(m, reply{Result: resOK})
+		respond(msgRequest{m}, reply{Result: resOK})
 	}
 }
 

@@ -39,18 +39,25 @@ func newOwner(cfg Config, m *metrics) *Owner {
 // ownerCall is one request from a holder node in the key's owner core.
 type ownerCall struct {
 	o    *Owner
-	m    *nats.Msg
+	r    Request
 	op   string
 	c    keys.Call
 	lop  keys.LeaseOp
 	part int
 }
 
-// HandleOwner answers a request on an owner subject.
-func (o *Owner) HandleOwner(m *nats.Msg) {
+// HandleOwner answers a request on an owner subject (ServeOwner).
+func (o *Owner) HandleOwner(m *nats.Msg) { o.ServeOwner(msgRequest{m}) }
+
+// ServeOwner answers a holder node's request r to this node as the
+// owner of the key it names: at once when it cannot be applied here (a
+// bad request, a key of no leased policy, a partition this node does not
+// serve: not_owner), else once the key's owner core has applied it and
+// written the record (Finish). It never blocks.
+func (o *Owner) ServeOwner(r Request) {
 	var req ownerRequest
-	if err := decode(m.Data, &req); err != nil {
-		respond(m, reply{Result: resBadRequest, Message: err.Error()})
+	if err := decode(r.Data(), &req); err != nil {
+		respond(r, reply{Result: resBadRequest, Message: err.Error()})
 		return
 	}
 	p := o.policies.Current(req.Policy)
@@ -58,7 +65,7 @@ func (o *Owner) HandleOwner(m *nats.Msg) {
 		if req.Op == opAcquire {
 			o.m.grants.WithLabelValues(resNotLeased).Inc()
 		}
-		respond(m, reply{Result: resNotLeased})
+		respond(r, reply{Result: resNotLeased})
 		return
 	}
 	part := ownership.PartitionOf(req.Key, o.route.Parts())
@@ -67,10 +74,10 @@ func (o *Owner) HandleOwner(m *nats.Msg) {
 	now := o.rt.Now()
 	if !o.route.ServingAt(part, o.route.MonoAt(now)) {
 		slot.Inflight.Add(-1)
-		respond(m, reply{Result: resNotOwner})
+		respond(r, reply{Result: resNotOwner})
 		return
 	}
-	oc := &ownerCall{o: o, m: m, op: req.Op, part: part, lop: leaseOpOf(req, o.route.EpochOf(part))}
+	oc := &ownerCall{o: o, r: r, op: req.Op, part: part, lop: leaseOpOf(req, o.route.EpochOf(part))}
 	oc.c = keys.Call{Policy: p, Cost: 1, Deadline: now.UnixNano() + int64(o.timeout), Done: oc, Lease: &oc.lop}
 	o.keys.Submit(req.Key, &oc.c, now.UnixNano(), nil)
 }
@@ -105,7 +112,7 @@ func (oc *ownerCall) Finish(c *keys.Call) {
 	default:
 		oc.o.m.reports.WithLabelValues(oc.op, r.Result).Inc()
 	}
-	respond(oc.m, r)
+	respond(oc.r, r)
 }
 
 // ownerReply is the reply to a holder's request decided as c by the owner
@@ -154,9 +161,8 @@ func ownerReply(c *keys.Call, op *keys.LeaseOp) reply {
 	return r
 }
 
-func respond(m *nats.Msg, r reply) {
-	if m.Reply == "" {
-		return
-	}
-	_ = m.Respond(encode(r))
+// respond answers r with rep; a reply that cannot be sent is the
+// requester's timeout.
+func respond(r Request, rep reply) {
+	_ = r.Respond(encode(rep))
 }

@@ -3,6 +3,7 @@ package leasing
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
+	"github.com/limitmesh/limitmesh/mesh/internal/lease"
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/policyset"
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
@@ -198,6 +200,8 @@ type world struct {
 	route  *route.Table // the owner's
 	owner  *Leasing
 	holder *Leasing
+	// applied: the owner's lease operations as its Applied hook saw them.
+	applied []keys.LeaseOp
 }
 
 func newWorld(t *testing.T) *world {
@@ -215,16 +219,21 @@ func newWorld(t *testing.T) *world {
 	w.route = route.New(drivenPrefix, drivenParts, s, s.Now())
 	tbl := keys.New(keys.Config{Env: set, Store: w.store, Runtime: s,
 		Partition: func(key string) int { return ownership.PartitionOf(key, drivenParts) }})
-	node := func(self string, route *route.Table) *Leasing {
+	node := func(self string, route *route.Table, applied func(string, *keys.Call, *keys.LeaseOp)) *Leasing {
 		l, err := New(Config{Requests: w.net, Prefix: drivenPrefix, Self: self, Policies: set, Keys: tbl, Route: route,
-			Runtime: s, Timeout: 500 * time.Millisecond})
+			Runtime: s, Timeout: 500 * time.Millisecond, Applied: applied})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return l
 	}
-	w.owner = node("o", w.route)
-	w.holder = node("n1", route.New(drivenPrefix, drivenParts, s, s.Now()))
+	w.owner = node("o", w.route, func(_ string, c *keys.Call, op *keys.LeaseOp) {
+		if c.Err != nil {
+			t.Errorf("owner call failed: %v", c.Err)
+		}
+		w.applied = append(w.applied, *op)
+	})
+	w.holder = node("n1", route.New(drivenPrefix, drivenParts, s, s.Now()), nil)
 	return w
 }
 
@@ -392,6 +401,9 @@ func TestDrivenStale(t *testing.T) {
 	reqs := w.requests(n)
 	if len(reqs) != 1 || reqs[0].req.Op != opReport || reqs[0].req.Epoch != 41 || reqs[0].result != resStale {
 		t.Fatalf("requests: %+v", reqs)
+	}
+	if op := w.applied[len(w.applied)-1]; op.Report == nil || op.Report.Epoch != 41 || op.Epoch != 42 || !errors.Is(op.Refused, lease.ErrStaleEpoch) {
+		t.Fatalf("the owner applied %+v", op)
 	}
 	key, part := w.key("a")
 	e := w.holder.lookup(w.p, key, part)

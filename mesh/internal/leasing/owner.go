@@ -29,17 +29,20 @@ type Owner struct {
 	route    *route.Table
 	rt       rt.Runtime
 	timeout  time.Duration
+	applied  func(key string, c *keys.Call, op *keys.LeaseOp) // nil: none
 	m        *metrics
 }
 
 func newOwner(cfg Config, m *metrics) *Owner {
-	return &Owner{policies: cfg.Policies, keys: cfg.Keys, route: cfg.Route, rt: cfg.Runtime, timeout: cfg.Timeout, m: m}
+	return &Owner{policies: cfg.Policies, keys: cfg.Keys, route: cfg.Route, rt: cfg.Runtime, timeout: cfg.Timeout,
+		applied: cfg.Applied, m: m}
 }
 
 // ownerCall is one request from a holder node in the key's owner core.
 type ownerCall struct {
 	o    *Owner
 	r    Request
+	key  string
 	op   string
 	c    keys.Call
 	lop  keys.LeaseOp
@@ -77,7 +80,7 @@ func (o *Owner) ServeOwner(r Request) {
 		respond(r, reply{Result: resNotOwner})
 		return
 	}
-	oc := &ownerCall{o: o, r: r, op: req.Op, part: part, lop: leaseOpOf(req, o.route.EpochOf(part))}
+	oc := &ownerCall{o: o, r: r, key: req.Key, op: req.Op, part: part, lop: leaseOpOf(req, o.route.EpochOf(part))}
 	oc.c = keys.Call{Policy: p, Cost: 1, Deadline: now.UnixNano() + int64(o.timeout), Done: oc, Lease: &oc.lop}
 	o.keys.Submit(req.Key, &oc.c, now.UnixNano(), nil)
 }
@@ -104,6 +107,9 @@ func leaseOpOf(req ownerRequest, epoch uint64) keys.LeaseOp {
 // failed); answer the holder.
 func (oc *ownerCall) Finish(c *keys.Call) {
 	defer oc.o.route.Slot(oc.part).Inflight.Add(-1)
+	if oc.o.applied != nil {
+		oc.o.applied(oc.key, c, &oc.lop)
+	}
 	r := ownerReply(c, &oc.lop)
 	switch {
 	case c.Err != nil:

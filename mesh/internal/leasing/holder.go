@@ -341,10 +341,11 @@ func (h *Holder) sendReport(e *entry, held lease.Held, ret bool) {
 	})
 }
 
-// Start looks at every pool each tick on the Runtime's timers until stop
-// is called or the holder stops (Return): grants whose deadline passed or
-// that stayed unused are returned, changed ones reported, and a pool in
-// use under half a grant asks for the next.
+// Start looks at every pool each tick (10 ms) on the Runtime's timers,
+// until stop is called or the holder stops (Return); call it once.
+// Grants whose deadline passed or that stayed unused are returned,
+// changed ones reported, and a pool in use under half a grant asks for
+// the next.
 func (h *Holder) Start() (stop func()) {
 	var mu sync.Mutex
 	stopped := false

@@ -22,6 +22,14 @@
 // the instant (ownerReply, applyAcquire, carveOnce, gatewaySize...), which
 // the tests drive with explicit instants.
 //
+// The Owner and the Holder reach time and other nodes only through package
+// rt: the Holder's requests to owners go through an rt.Requester and
+// continue in callbacks, its ticks and retries are the Runtime's timers,
+// and the Owner answers a [Request] once the owner core is done. Neither
+// blocks, so the deterministic simulation (mesh/internal/sim) runs them
+// on its own Runtime and network; production drives them over NATS
+// (HandleOwner, Run, Stop).
+//
 // leasing imports lease, keys, keyrec, policies, policyset, route, rt and
 // ownership; the node (package mesh) wires it.
 package leasing

@@ -20,6 +20,7 @@ import (
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
 	"github.com/limitmesh/limitmesh/policies"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 )
 
 // The tests here drive a holder node and an owner node, each the
@@ -138,6 +139,10 @@ func (n *network) Request(m *nats.Msg, deadline time.Time, done func(*nats.Msg, 
 	})
 }
 
+// A micro.Request is a Request: the simulation's requests of the decide
+// service serve the lease subjects too.
+var _ Request = micro.Request(nil)
+
 // netRequest is a request as the network delivers it.
 type netRequest struct {
 	data    []byte
@@ -146,7 +151,7 @@ type netRequest struct {
 
 func (r netRequest) Data() []byte { return r.data }
 
-func (r netRequest) Respond(b []byte) error { r.respond(b); return nil }
+func (r netRequest) Respond(b []byte, _ ...micro.RespondOpt) error { r.respond(b); return nil }
 
 // memStore is a keys.Store in memory whose answers come as callbacks of
 // the scheduler.

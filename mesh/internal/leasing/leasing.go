@@ -44,6 +44,7 @@ import (
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -98,12 +99,13 @@ func New(cfg Config) (*Leasing, error) {
 
 // Request is one request on a lease subject, answered once: a NATS
 // message in production ([Owner.HandleOwner], [Gateway.HandleNode]), a
-// message of the simulated network in the simulation.
+// message of the simulated network in the simulation. It is the part of
+// micro.Request the handlers use, so a micro.Request is one.
 type Request interface {
 	// Data returns the request's body.
 	Data() []byte
 	// Respond sends data, the reply's body, to the requester.
-	Respond(data []byte) error
+	Respond(data []byte, opts ...micro.RespondOpt) error
 }
 
 // msgRequest is a NATS message as a Request; one without a reply subject
@@ -112,11 +114,15 @@ type msgRequest struct{ m *nats.Msg }
 
 func (r msgRequest) Data() []byte { return r.m.Data }
 
-func (r msgRequest) Respond(data []byte) error {
+func (r msgRequest) Respond(data []byte, opts ...micro.RespondOpt) error {
 	if r.m.Reply == "" {
 		return nil
 	}
-	return r.m.Respond(data)
+	resp := &nats.Msg{Data: data}
+	for _, o := range opts {
+		o(resp)
+	}
+	return r.m.RespondMsg(resp)
 }
 
 // OwnerSubject returns <prefix>.v1.lease.shard.<p>: partition p's owner

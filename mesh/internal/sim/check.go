@@ -217,27 +217,29 @@ type rateAdmission struct {
 	lo, at int64
 	cost   int64
 	r      *simRes
+	by     *node // the node that decided it
 }
 
 // envelope records admission a of key k and checks that, over any span of
-// its admissions, k admitted at most burst + perSec × span units where
-// the owners' clocks decide: for every run of admissions ending with a
+// its admissions, k admitted at most burst + perSec × span units, span
+// read on the owners' clocks: for every run of admissions ending with a
 // (in answer order), the units they admitted against the longest span
-// their decisions can cover (from the earliest start of their intervals
-// to the end of a's), stretched by the clocks' largest rate errors (a new
-// owner whose clock is ahead refills more, CONTRACT: at most skew × rate),
-// plus twice the largest clock offset: a violation is reported only when
-// no timing of the decisions within their intervals keeps the bound. A
-// reservation counts at what it keeps as far as the answers tell (R3):
-// its reserved units while open or once expired, what its settle kept
-// once it ended, and at least what its settle or release asks once one is
-// sent (its outcome may be unknown). It returns the first run that breaks
-// the bound: its units, span and allowed units, and whether it holds a
-// reservation.
+// their decisions can cover on any clocks: from the earliest reading of
+// any node's clock at the earliest start of their intervals to the latest
+// reading at the end of a's (the clocks' offsets and rate errors: a new
+// owner whose clock is ahead refills more, CONTRACT: at most skew ×
+// rate). A violation is thus reported only when no timing of the
+// decisions within their intervals keeps the bound. A reservation counts
+// at what it keeps as far as the answers tell (R3): its reserved units
+// while open or once expired, what its settle kept once it ended, and at
+// least what its settle or release asks once one is sent (its outcome may
+// be unknown). It returns the first run that breaks the bound: its units,
+// span (global) and allowed units, and whether it holds a reservation.
 func (c *checker) envelope(k *simKey, a rateAdmission, burst, perSec int64) (admitted, allowed, span int64, reserved, ok bool) {
 	ts := append(c.rates[k.name], a)
 	c.rates[k.name] = ts
 	earliest := a.lo
+	_, whi := c.s.wallRange(a.at)
 	for i := len(ts) - 1; i >= 0; i-- {
 		if r := ts[i].r; r != nil {
 			admitted += r.kept()
@@ -247,12 +249,16 @@ func (c *checker) envelope(k *simKey, a rateAdmission, burst, perSec int64) (adm
 		}
 		earliest = min(earliest, ts[i].lo)
 		span = a.at - earliest
-		stretched := span + span*2*maxDrift/1_000_000 + 2*maxOffset
-		allowed = (burst + stretched*perSec/1e9 + 1) * kvstate.Unit
+		wlo, _ := c.s.wallRange(earliest)
+		allowed = (burst + (whi-wlo)*perSec/1e9 + 1) * kvstate.Unit
 		if admitted > allowed {
 			if c.s.cfg.Debug {
 				for _, x := range ts[i:] {
-					c.s.logf("run: lo %.6f at %.6f cost %s res %v", float64(x.lo)/1e9, float64(x.at)/1e9, fmtUnits(x.cost), x.r != nil)
+					kept := x.cost
+					if x.r != nil {
+						kept = x.r.kept()
+					}
+					c.s.logf("run: lo %.6f at %.6f by %s (wall %.6f) kept %s", float64(x.lo)/1e9, float64(x.at)/1e9, x.by.id, float64(x.by.wallAt(x.lo)-epoch)/1e9, fmtUnits(kept))
 				}
 			}
 			return admitted, allowed, span, reserved, false
@@ -265,7 +271,7 @@ func (c *checker) envelope(k *simKey, a rateAdmission, burst, perSec int64) (adm
 // [lo, now], a decide's of cost or reservation r's (nil: none), and checks
 // M4 and R3 (envelope).
 func (c *checker) admitRate(k *simKey, lo, cost int64, r *simRes, n *node) {
-	admitted, allowed, span, reserved, ok := c.envelope(k, rateAdmission{lo: lo, at: c.s.s.now, cost: cost, r: r}, rateBurst, ratePerSec)
+	admitted, allowed, span, reserved, ok := c.envelope(k, rateAdmission{lo: lo, at: c.s.s.now, cost: cost, r: r, by: n}, rateBurst, ratePerSec)
 	if !ok {
 		what := "M4"
 		if reserved {

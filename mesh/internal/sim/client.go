@@ -2,7 +2,6 @@ package sim
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -186,12 +185,4 @@ func (u serviceUsage) Add(_ string, r usage.Record) bool {
 		u.s.spentByHolder[call] = true
 	}
 	return true
-}
-
-// errAnswer is an error answer as an error.
-func (a answer) err() error {
-	if a.code == "" {
-		return nil
-	}
-	return errors.New(a.code + " " + a.msg)
 }

@@ -33,7 +33,7 @@ func (s *Sim) fault() {
 		// then stops; it comes back later.
 		s.logf("%s leaves", n.id)
 		life := n.life
-		s.returnAll(n)
+		n.lease.Return(func() {}) // as the node does before it hands its partitions over
 		n.m.Owner.Leave(s.cfg.Timeout*10, func(err error) {
 			if n.life != life || !n.up {
 				return

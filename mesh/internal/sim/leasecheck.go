@@ -18,7 +18,7 @@ import (
 // [lo, now], and checks M6 (checker.envelope, with max_outstanding on top
 // of the burst).
 func (c *checker) admitLeased(k *simKey, lo, cost int64, n *node, how string) {
-	admitted, allowed, span, _, ok := c.envelope(k, rateAdmission{lo: lo, at: c.s.s.now, cost: cost}, leasedBurst+leasedMaxOut, leasedRate)
+	admitted, allowed, span, _, ok := c.envelope(k, rateAdmission{lo: lo, at: c.s.s.now, cost: cost, by: n}, leasedBurst+leasedMaxOut, leasedRate)
 	if !ok {
 		c.fail("M6: %s admitted %s in %.3fs (the last from %s at %s), allowed %s", k.name, fmtUnits(admitted),
 			float64(span)/1e9, how, n.id, fmtUnits(allowed))

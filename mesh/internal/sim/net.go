@@ -93,11 +93,12 @@ func (q *simReq) answer(m *nats.Msg) {
 	q.reply(m)
 }
 
-// simRequester is a node's rt.Requester: a request to a shard subject,
-// over the simulated network.
+// simRequester is a node's rt.Requester: a request to a partition
+// subject, over the simulated network.
 type simRequester struct{ n *node }
 
-// Request sends m from r.n to the node subscribed to its shard subject.
+// Request sends m from r.n to a node subscribed to its partition subject
+// (the service's forwards, the holder's requests to owners).
 // With none, the answer is nats.ErrNoResponders; from a cut node, the
 // connection's error at once; with no reply by deadline (the node's
 // clock), context.DeadlineExceeded.
@@ -117,7 +118,7 @@ func (r simRequester) Request(m *nats.Msg, deadline time.Time, done func(*nats.M
 		nodeRT{n}.Go(func() { finish(nil, nats.ErrConnectionReconnecting) })
 		return
 	}
-	part, ok := shardOf(m.Subject)
+	part, lease, ok := shardOf(m.Subject)
 	call := s.calls[dataKey(m.Data)]
 	if !ok || s.s.chance(s.cfg.Loss) {
 		return
@@ -159,19 +160,28 @@ func (r simRequester) Request(m *nats.Msg, deadline time.Time, done func(*nats.M
 				// o to the server, then to n.
 				s.s.after(s.netDelay(), nil, func() { back(reply, nil) })
 			}
-			o.svc.HandleShard(q)
+			if lease {
+				o.lease.ServeOwner(q)
+			} else {
+				o.svc.HandleShard(q)
+			}
 		})
 	})
 }
 
-// shardOf returns the partition of a shard subject (rl.v1.shard.<p>).
-func shardOf(subject string) (int, bool) {
+// shardOf returns the partition of a partition subject: a shard subject
+// (rl.v1.shard.<p>: the decide service's) or a lease one
+// (rl.v1.lease.shard.<p>: leasing's Owner's).
+func shardOf(subject string) (part int, lease, ok bool) {
 	p, ok := strings.CutPrefix(subject, "rl.v1.shard.")
 	if !ok {
-		return 0, false
+		if p, ok = strings.CutPrefix(subject, "rl.v1.lease.shard."); !ok {
+			return 0, false, false
+		}
+		lease = true
 	}
 	n, err := strconv.Atoi(p)
-	return n, err == nil
+	return n, lease, err == nil
 }
 
 // dataKey names a request body by its first byte's address: the service

@@ -13,7 +13,7 @@ import (
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/journal"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
-	"github.com/limitmesh/limitmesh/mesh/internal/lease"
+	"github.com/limitmesh/limitmesh/mesh/internal/leasing"
 	"github.com/limitmesh/limitmesh/mesh/internal/member"
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
@@ -49,17 +49,14 @@ type node struct {
 	// wait, its clock runs on.
 	pausedUntil int64
 
-	m   *member.Member
-	svc *service.Service // the decide service (net.go)
+	m     *member.Member
+	svc   *service.Service // the decide service (net.go)
+	lease *leasing.Leasing // leased mode's holder and owner (leased.go)
 	// subscribed: the shard subjects (by partition) the node subscribes
 	// to: while its member holds the partition.
 	subscribed []bool
 	watch      []func() // watch deliveries held while cut
 	wnext      int64    // global instant of the last watch delivery scheduled
-	// pools: this incarnation's grants of the leased keys (leased.go).
-	pools map[*simKey]*lease.Pool
-	// holderStopped: the node stops; its leased requests go to the owners.
-	holderStopped bool
 }
 
 // local converts a global instant to the node's clock (ns since the start).
@@ -116,7 +113,6 @@ func (n *node) start() {
 	n.pausedUntil = 0
 	n.watch = nil
 	n.subscribed = make([]bool, s.cfg.Parts)
-	n.pools, n.holderStopped = nil, false
 	rtm := nodeRT{n}
 	rt := route.New("rl", s.cfg.Parts, rtm, rtm.Now())
 	var m *member.Member
@@ -160,9 +156,18 @@ func (n *node) start() {
 		Log:     log,
 	})
 	n.m = m
+	var err error
+	n.lease, err = leasing.New(leasing.Config{
+		Requests: simRequester{n}, Prefix: "rl", Self: n.id, Policies: s.policies, Keys: m.Keys, Route: rt,
+		Runtime: rtm, Timeout: s.cfg.Timeout, Log: log,
+		Applied: func(key string, c *keys.Call, op *keys.LeaseOp) { s.check.leaseOp(s.byName[key], n, c, op) },
+	})
+	if err != nil {
+		panic(err) // metrics without a registerer: no error
+	}
 	n.svc = service.New(service.Config{
 		Policies: s.policies, Keys: m.Keys, Route: rt, Runtime: rtm, DecisionTimeout: s.cfg.Timeout,
-		Requests: simRequester{n}, Nonce: s.s.rng.Uint64, Usage: serviceUsage{s}, Leases: simLeaser{n},
+		Requests: simRequester{n}, Nonce: s.s.rng.Uint64, Usage: serviceUsage{s}, Leases: n.lease,
 		Log: log, Metrics: s.svcMetrics,
 	})
 	m.Start()
@@ -195,7 +200,7 @@ func (n *node) start() {
 	rtm.AfterFunc(s.cfg.Lease, sweep)
 	n.svc.StartSweeps(context.Background()) // they end with the incarnation
 	if !s.cfg.NoLeased {
-		s.holderTicks(n)
+		n.lease.Holder.Start() // its ticks end with the incarnation
 	}
 }
 

@@ -192,12 +192,13 @@ func (pl *Pool) SubReport(now int64, id, epoch uint64, spent int64, ret bool) er
 
 // WantAcquire reports whether the node should ask the owner for a grant
 // now: none is being asked for, the owner's last refusal has run out, the
-// key was used within half a ttl, and what is held for at least another
-// quarter ttl, in grants holding at least the last cost asked, is under
-// half a grant. It returns the micro-units to ask
-// for (Size) and marks the pool acquiring.
+// key was used within a quarter ttl (a pool idle that long returns its
+// grants, Due: asking for one then would return it at the next look), and
+// what is held for at least another quarter ttl, in grants holding at
+// least the last cost asked, is under half a grant. It returns the
+// micro-units to ask for (Size) and marks the pool acquiring.
 func (pl *Pool) WantAcquire(now int64) (int64, bool) {
-	if pl.acquiring || now < pl.deniedUntil || now < pl.remoteUntil || now-pl.lastUse > pl.p.TTL/2 {
+	if pl.acquiring || now < pl.deniedUntil || now < pl.remoteUntil || now-pl.lastUse >= pl.p.TTL/4 {
 		return 0, false
 	}
 	var lasting int64

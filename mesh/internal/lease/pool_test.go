@@ -156,3 +156,32 @@ func TestPoolReturnsUsedUp(t *testing.T) {
 		t.Fatalf("returns %+v, want grant 2 once its sub-grant came back", rets)
 	}
 }
+
+// TestPoolIdleAsksNothing: a pool whose key was used and then left idle
+// neither keeps nor asks for grants: from a quarter ttl without use, Due
+// returns what it holds and WantAcquire asks for nothing, so an idle key
+// costs its owner no grant written and returned every look.
+func TestPoolIdleAsksNothing(t *testing.T) {
+	var seq uint64
+	pl := NewPool(acmeParams, func() uint64 { seq++; return seq }) // ttl 2 s
+	if _, ok := pl.WantAcquire(0); !ok {
+		t.Fatal("no acquire for a new pool")
+	}
+	pl.Granted(0, 1, 7, 10*u, 2*s)
+	pl.Spend(0, 7*u)
+	pl.Spend(50*ms, u) // 2 left: under half a grant
+	acquires, returns := 0, 0
+	for now := 60 * ms; now < 2*s; now += 10 * ms {
+		rets, _, _ := pl.Due(now)
+		returns += len(rets)
+		if want, ok := pl.WantAcquire(now); ok {
+			acquires++
+			pl.Granted(now, 100+uint64(acquires), 7, want, 2*s)
+		}
+	}
+	// While used (until 50 ms + a quarter ttl) one more grant may come;
+	// both are returned once idle, and nothing more is asked.
+	if acquires > 1 || returns != acquires+1 {
+		t.Fatalf("%d acquires and %d returns for a key idle from 50 ms", acquires, returns)
+	}
+}

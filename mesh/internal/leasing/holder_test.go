@@ -41,6 +41,7 @@ func TestApplyAcquire(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			pl := newPool()
+			pl.Spend(c.sent*ms, u) // a request asks for a grant (Remote: none held)
 			if _, ask := pl.WantAcquire(c.sent * ms); !ask {
 				t.Fatal("no acquire asked")
 			}

@@ -20,8 +20,8 @@ import (
 //	    admission of a count key reports a count (its admissions so far) no
 //	    earlier admission reported;
 //	M4  the contract: a count key admits at most its limit; a rate key at
-//	    most burst + rate × elapsed (with the clocks' and the decision
-//	    deadline's slack) over any span;
+//	    most burst + rate × elapsed over any span, elapsed on the deciding
+//	    nodes' clocks (checker.envelope);
 //	M5  after the faults end, every partition gets exactly one owner and
 //	    every key is decided again, from a record holding every admission
 //	    (after every step from convergeLeases after the faults end: no

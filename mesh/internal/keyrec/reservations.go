@@ -320,3 +320,55 @@ func (r *Record) OpenReservations() (n int, next int64) {
 	}
 	return n, next
 }
+
+// PeekReservations returns what a stored record says of its open
+// reservations (OpenReservations: how many, the earliest expiry) and its
+// policy and version, decoding the reservations section only (the states
+// and the dedupe entries are skipped); false when b is not a record. It
+// does not check the parts it skips: Decode may still refuse b.
+func PeekReservations(b []byte) (policy string, version uint64, open int, next int64, ok bool) {
+	if !knownFormat(b) {
+		return "", 0, 0, 0, false
+	}
+	r := reader{b: b[1:]}
+	policy = string(r.bytes(r.uvarint("policy length"), "policy"))
+	r.uvarint("revision")
+	if b[0] >= recordFormat2 {
+		version = r.uvarint("version")
+	}
+	if b[0] >= recordFormat {
+		r.varint("rest_at")
+	}
+	r.bytes(r.uvarint("states length"), "states")
+	n := r.uvarint("dedupe count")
+	if r.err == nil && n > MaxDedupeEntries {
+		return "", 0, 0, 0, false
+	}
+	for i := uint64(0); i < n && r.err == nil; i++ {
+		r.bytes(16, "id")
+		r.varint("at")
+		r.bytes(1, "flags")
+		r.varint("remaining")
+		r.varint("retry_after")
+		r.varint("reset_after")
+		r.uvarint("entry revision")
+	}
+	for r.err == nil && len(r.b) > 0 {
+		tag := r.bytes(1, "section tag")
+		body := r.bytes(r.uvarint("section length"), "section")
+		if r.err != nil || tag[0] != sectionReservations {
+			continue
+		}
+		var rec Record
+		s := reader{b: body}
+		decodeReservations(&s, &rec)
+		if s.err != nil {
+			return "", 0, 0, 0, false
+		}
+		open, next = rec.OpenReservations()
+	}
+	if r.err != nil {
+		return "", 0, 0, 0, false
+	}
+	return policy, version, open, next, true
+}

@@ -61,6 +61,7 @@ func (j *Journal) barrier(p int, gen uint64, deadline time.Time, done func(uint6
 // (oldest first; none when the entry was absent or released).
 func (j *Journal) Adopt(p int, sources []string, epoch uint64, timeout time.Duration, done func(error)) {
 	gen := j.recs.adopting(p)
+	j.open.reset(p, gen)
 	deadline := j.now().Add(timeout)
 	if bugs.Planted(bugs.AdoptBeforeServe) { // a test's planted bug
 		j.recs.adopted(p, gen)
@@ -68,10 +69,13 @@ func (j *Journal) Adopt(p int, sources []string, epoch uint64, timeout time.Dura
 		done = func(error) {}
 	}
 	latest := make(map[string][]byte)
+	// The open-reservation index is read at or past every source's mark as
+	// the reads found it (J17).
+	var markFloor uint64
 	var next func(i int)
 	next = func(i int) {
 		if i == len(sources) {
-			j.adoptWrite(p, gen, sources, latest, deadline, done)
+			j.adoptWrite(p, gen, sources, latest, markFloor, deadline, done)
 			return
 		}
 		src := sources[i]
@@ -80,11 +84,12 @@ func (j *Journal) Adopt(p int, sources []string, epoch uint64, timeout time.Dura
 				done(err)
 				return
 			}
-			j.rd.read(src, upto, j.until(deadline), func(states map[string]state, err error) {
+			j.rd.read(src, upto, j.until(deadline), func(states map[string]state, markRev uint64, err error) {
 				if err != nil {
 					done(err)
 					return
 				}
+				markFloor = max(markFloor, markRev)
 				for k, st := range states {
 					if j.partOf(k) == p && newer(st.val, latest[k]) {
 						latest[k] = st.val
@@ -131,8 +136,9 @@ func newer(a, b []byte) bool {
 }
 
 // adoptWrite journals the adopted records of p in generation gen, then
-// serves p (unless it changed hands meanwhile) and writes its read floor.
-func (j *Journal) adoptWrite(p int, gen uint64, sources []string, latest map[string][]byte, deadline time.Time, done func(error)) {
+// serves p (unless it changed hands meanwhile), writes its read floor and
+// reads its open-reservation index (at or past markFloor).
+func (j *Journal) adoptWrite(p int, gen uint64, sources []string, latest map[string][]byte, markFloor uint64, deadline time.Time, done func(error)) {
 	var (
 		mu       sync.Mutex
 		left     = len(latest)
@@ -145,20 +151,28 @@ func (j *Journal) adoptWrite(p int, gen uint64, sources []string, latest map[str
 		}
 		j.recs.adopted(p, gen)
 		j.recs.dropOrphans(p)
+		j.open.adopted(p, gen, markFloor, latest)
 		if f := j.cfg.OnAdopted; f != nil {
 			for k, v := range latest {
 				f(k, v)
 			}
 		}
-		// The floor needs the state bucket, which the adopted records do
-		// not: without it (no stream leader yet) the partition is served,
-		// and its first load writes the floor.
+		// The floor and the open-reservation index need the state bucket,
+		// which the adopted records do not: without it (no stream leader
+		// yet) the partition is served, its first load writes the floor,
+		// and its checkpoints read the index (its records stay dirty until
+		// then: J17).
 		j.floors.claim(p, func(err error) {
 			if err != nil {
 				j.log.Debug("read floor not written yet", "partition", p, "error", err.Error())
 			}
 			j.log.Debug("partition adopted", "partition", p, "from", sources, "records", len(latest))
 			done(nil)
+			j.open.load(p, gen, j.cfg.Timeout, func(err error) {
+				if err != nil {
+					j.log.Debug("open-reservation index not read yet", "partition", p, "error", err.Error())
+				}
+			})
 		})
 	}
 	if left == 0 {
@@ -202,6 +216,7 @@ func (j *Journal) Release(p int, holdUntil time.Time, timeout time.Duration, don
 	finish := func(err error) {
 		once.Do(func() {
 			j.recs.released(p, err)
+			j.open.drop(p)
 			done(err)
 		})
 	}
@@ -229,6 +244,7 @@ func (j *Journal) Release(p int, holdUntil time.Time, timeout time.Duration, don
 // its next owner is seen to have adopted them.
 func (j *Journal) Lost(p int) {
 	kept, dropped := j.recs.lose(p)
+	j.open.drop(p)
 	j.log.Debug("lost partition's records", "partition", p, "kept", kept, "dropped", dropped)
 }
 

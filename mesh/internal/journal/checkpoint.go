@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 
@@ -104,41 +105,38 @@ func (c *checkpointer) finished(req ckRequest, err error) {
 func (c *checkpointer) start(req ckRequest) {
 	j := c.j
 	list := j.recs.dirty(req.part, j.cfg.View.Serving)
+	tasks := j.open.checkpointing(list, req.part, j.cfg.View.Serving)
+	heldOf := func(p int) func() bool {
+		if req.held != nil {
+			return req.held
+		}
+		return func() bool { return j.cfg.View.Serving(p) }
+	}
+	revs := make([]uint64, len(list))
+	errs := make([]error, len(list))
 	var (
 		mu       sync.Mutex
 		next     int
 		inflight int
-		failed   int
-		firstErr error
 		ended    bool
 	)
 	var step func()
 	step = func() {
 		mu.Lock()
 		for inflight < checkpointParallel && next < len(list) && !j.stopped.Load() {
-			t := list[next]
+			i := next
+			t := list[i]
 			next++
 			inflight++
 			mu.Unlock()
-			held := req.held
-			if held == nil {
-				p := j.partOf(t.key)
-				held = func() bool { return j.cfg.View.Serving(p) }
-			}
-			c.writeRecord(t.key, t.val, t.rev, t.known, held, func(rev uint64, err error) {
-				j.recs.checkpointed(t, rev, err)
+			c.writeRecord(t.key, t.val, t.rev, t.known, heldOf(t.e.part), func(rev uint64, err error) {
 				if err == nil {
 					j.floors.raise(rev)
 					j.checkpoints.Add(1)
 				}
 				mu.Lock()
+				revs[i], errs[i] = rev, err
 				inflight--
-				if err != nil {
-					failed++
-					if firstErr == nil {
-						firstErr = err
-					}
-				}
 				mu.Unlock()
 				step()
 			})
@@ -149,14 +147,69 @@ func (c *checkpointer) start(req ckRequest) {
 			return
 		}
 		ended = true
-		var err error
-		if failed > 0 {
-			err = fmt.Errorf("%d of %d records not checkpointed: %v", failed, len(list), firstErr)
-		}
+		written := next // the journal stopped before the others
 		mu.Unlock()
-		c.advanceMark(func() { c.finished(req, err) })
+		c.saveIndexes(tasks, heldOf, func(saved map[int]uint64, idxErr error) {
+			failed, kept := 0, 0
+			var firstErr error
+			for i, t := range list[:written] {
+				// A record is checkpointed once its partition's index, as
+				// of it, is written too (J17): until then it stays dirty,
+				// so the mark does not pass it.
+				keep := errs[i] == nil && saved[t.e.part] != t.gen
+				j.recs.checkpointed(t, revs[i], errs[i], keep)
+				switch {
+				case errs[i] != nil:
+					failed++
+					firstErr = cmp.Or(firstErr, errs[i])
+				case keep:
+					kept++
+				}
+			}
+			var err error
+			if failed > 0 {
+				err = fmt.Errorf("%d of %d records not checkpointed: %v", failed, len(list), firstErr)
+			}
+			if idxErr != nil {
+				err = errors.Join(err, fmt.Errorf("%d records kept in the journal: %w", kept, idxErr))
+			}
+			c.advanceMark(func() { c.finished(req, err) })
+		})
 	}
 	step()
+}
+
+// saveIndexes writes the open-reservation index of each task's partition
+// (when it changed) and reports the tenure of each written or unchanged
+// one, and the first failure.
+func (c *checkpointer) saveIndexes(tasks []indexTask, heldOf func(int) func() bool, done func(saved map[int]uint64, err error)) {
+	j := c.j
+	saved := make(map[int]uint64, len(tasks))
+	if len(tasks) == 0 {
+		done(saved, nil)
+		return
+	}
+	var (
+		mu       sync.Mutex
+		left     = len(tasks)
+		firstErr error
+	)
+	for _, tk := range tasks {
+		j.open.save(tk.part, tk.gen, heldOf(tk.part), j.cfg.Timeout, func(err error) {
+			mu.Lock()
+			if err == nil {
+				saved[tk.part] = tk.gen
+			} else if firstErr == nil {
+				firstErr = err
+			}
+			left--
+			last := left == 0
+			mu.Unlock()
+			if last {
+				done(saved, firstErr)
+			}
+		})
+	}
 }
 
 // writeRecord writes val as key's record in the state bucket with a
@@ -167,6 +220,13 @@ func (c *checkpointer) start(req ckRequest) {
 // arrives, held must be true, so no record of a node whose lease lapsed
 // ever lands over a newer owner's (invariant J9).
 func (c *checkpointer) writeRecord(key string, val []byte, rev uint64, known bool, held func() bool, done func(uint64, error)) {
+	ttl := func() time.Duration { return c.j.cfg.Retention.TTLOf(val, c.j.now().UnixNano()) }
+	c.writeKey(key, val, ttl, rev, known, held, done)
+}
+
+// writeKey is writeRecord with the time to live ttl computes at each
+// write.
+func (c *checkpointer) writeKey(key string, val []byte, ttl func() time.Duration, rev uint64, known bool, held func() bool, done func(uint64, error)) {
 	j := c.j
 	lapsed := func() { done(0, fmt.Errorf("%w: the partition's lease lapsed", fail.ErrFenced)) }
 	var write func(rev uint64, retry bool)
@@ -188,8 +248,7 @@ func (c *checkpointer) writeRecord(key string, val []byte, rev uint64, known boo
 			lapsed()
 			return
 		}
-		ttl := j.cfg.Retention.TTLOf(val, j.now().UnixNano())
-		j.cfg.Bucket.UpdateAsync(key, val, rev, ttl, j.cfg.Timeout, func(nrev uint64, err error) {
+		j.cfg.Bucket.UpdateAsync(key, val, rev, ttl(), j.cfg.Timeout, func(nrev uint64, err error) {
 			if errors.Is(err, kvstate.ErrConflict) && retry {
 				reread()
 				return
@@ -254,26 +313,27 @@ func (c *checkpointer) advanceMark(done func()) {
 }
 
 // markOf returns node id's mark: this node's own, or the one id recorded
-// in the state bucket (0 when it has none).
-func (c *checkpointer) markOf(id string, timeout time.Duration, done func(uint64, error)) {
+// in the state bucket (0 when it has none) and the revision it was read
+// at (0 for this node's own: its writes raise its read floors).
+func (c *checkpointer) markOf(id string, timeout time.Duration, done func(mark, rev uint64, err error)) {
 	if id == c.j.cfg.Self {
-		done(c.ownMark(), nil)
+		done(c.ownMark(), 0, nil)
 		return
 	}
-	c.j.cfg.Bucket.GetAsync(markPrefix+id, timeout, func(val []byte, _ uint64, err error) {
+	c.j.cfg.Bucket.GetAsync(markPrefix+id, timeout, func(val []byte, rev uint64, err error) {
 		if errors.Is(err, kvstate.ErrNotFound) {
-			done(0, nil)
+			done(0, rev, nil)
 			return
 		}
 		if err != nil {
-			done(0, err)
+			done(0, 0, err)
 			return
 		}
 		m, perr := strconv.ParseUint(string(val), 10, 64)
 		if perr != nil {
-			done(0, fmt.Errorf("%w: journal mark of %s: %q", ErrCorrupt, id, val))
+			done(0, 0, fmt.Errorf("%w: journal mark of %s: %q", ErrCorrupt, id, val))
 			return
 		}
-		done(m, nil)
+		done(m, rev, nil)
 	})
 }

@@ -188,6 +188,19 @@ func (d *decoder) uvarint() uint64 {
 	return v
 }
 
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.err = fmt.Errorf("%w: bad varint", ErrCorrupt)
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
 func (d *decoder) bytes() []byte {
 	n := d.uvarint()
 	if d.err != nil {

@@ -37,6 +37,9 @@ type floors struct {
 	// high is the highest sequence of this node's writes to the state
 	// bucket that it knows of: a floor read must see them too.
 	high uint64
+	// written: this node wrote its floor key (a floor read reads it, so
+	// a current replica's answer is never empty).
+	written bool
 }
 
 func newFloors(j *Journal) *floors {
@@ -121,6 +124,7 @@ func (f *floors) write(p int, done func(error)) {
 			f.parts[p].seq = max(f.parts[p].seq, seq)
 		}
 		f.high = max(f.high, seq)
+		f.written = true
 		f.mu.Unlock()
 		done(nil)
 	})
@@ -129,21 +133,32 @@ func (f *floors) write(p int, done func(error)) {
 // get reads key of partition p from the bucket, with its floor when one
 // applies (writing the claim's floor first when it is not written yet).
 func (f *floors) get(key string, p int, timeout time.Duration, done func([]byte, uint64, error)) {
+	f.getFrom(key, p, 0, timeout, done)
+}
+
+// getFrom is get from a replica at or past least too (when the bucket
+// allows floor reads).
+func (f *floors) getFrom(key string, p int, least uint64, timeout time.Duration, done func([]byte, uint64, error)) {
 	floor, unset := f.of(p)
+	f.mu.Lock()
+	direct, written := f.parts != nil, f.written
+	f.mu.Unlock()
 	deadline := f.j.now().Add(timeout)
 	switch {
-	case unset:
-		// The claim could not write its floor: write it now.
+	case unset, direct && least != 0 && !written:
+		// The claim could not write its floor (or this node has never
+		// written its floor key, which a floor read reads with): write it
+		// now.
 		f.write(p, func(err error) {
 			if err != nil {
 				done(nil, 0, fmt.Errorf("%w: %w", fail.ErrUnavailable, err))
 				return
 			}
 			floor, _ := f.of(p)
-			f.getAfter(key, floor, deadline, nil, done)
+			f.getAfter(key, max(floor, least), deadline, nil, done)
 		})
-	case floor != 0:
-		f.getAfter(key, floor, deadline, nil, done)
+	case floor != 0, direct && least != 0:
+		f.getAfter(key, max(floor, least), deadline, nil, done)
 	default:
 		f.j.cfg.Bucket.GetAsync(key, timeout, done)
 	}

@@ -21,6 +21,7 @@
 //	floors.go      freshness floors of state-bucket reads after a claim
 //	checks.go      batched checks that keys new to this node have no stored record
 //	checkpoint.go  checkpoints to the state bucket, the mark, purges
+//	openindex.go   each partition's index of its keys with open reservations
 //	reader.go      reading a node's journal from its mark (adoption, diagnostics)
 //	adopt.go       tenure markers, barriers and adoption
 //
@@ -182,6 +183,12 @@ type Config struct {
 	// (once the partition is served), so the node can learn what they
 	// hold (open reservations to sweep); nil: not told.
 	OnAdopted func(key string, record []byte)
+	// OnReservations is told, once a partition is adopted, of each key
+	// its open-reservation index names whose record the adoption did not
+	// read (checkpointed by an earlier owner): open of them, the first
+	// expiring at next, as the index says (J17); nil: not told. Its
+	// meaning is keys.Config.OnReservations's.
+	OnReservations func(policy, key string, open int, next int64)
 	// Retention says how long the journal's messages and the records
 	// it checkpoints are kept (per-message TTLs; the zero value: none,
 	// the stream's and the bucket's own limits apply).
@@ -203,6 +210,7 @@ type Journal struct {
 	checks *checker
 	ck     *checkpointer
 	rd     *reader
+	open   *openIndex
 
 	stopped atomic.Bool
 
@@ -242,6 +250,7 @@ func New(cfg Config) *Journal {
 	j.checks = &checker{j: j}
 	j.ck = &checkpointer{j: j, mark: cfg.Mark}
 	j.rd = &reader{j: j, cache: make(map[string]*sourceRead)}
+	j.open = newOpenIndex(j)
 	return j
 }
 
@@ -301,3 +310,11 @@ func isTimeout(err error) bool { return errors.Is(err, context.DeadlineExceeded)
 
 // SetUsage sets the sink of journalled usage; call it before Start.
 func (j *Journal) SetUsage(u UsageSink) { j.cfg.Usage = u }
+
+// SetReservations sets Config.OnReservations when it is nil; call it
+// before Start.
+func (j *Journal) SetReservations(f func(policy, key string, open int, next int64)) {
+	if j.cfg.OnReservations == nil {
+		j.cfg.OnReservations = f
+	}
+}

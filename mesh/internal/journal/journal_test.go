@@ -46,7 +46,7 @@ func TestReadJournalTenureMarker(t *testing.T) {
 		// A fresh reader each time: from the node's mark (none: 1).
 		j.rd.cache = map[string]*sourceRead{}
 		err := wait(t, func(done func(error)) {
-			j.rd.read("node", last, 5*time.Second, func(states map[string]state, err error) {
+			j.rd.read("node", last, 5*time.Second, func(states map[string]state, _ uint64, err error) {
 				for k, st := range states {
 					got[k] = string(st.val)
 				}

@@ -39,8 +39,9 @@ type readRequest struct {
 	id       string
 	upto     uint64
 	deadline time.Time
-	done     func(map[string]state, error)
+	done     func(map[string]state, uint64, error)
 	taken    bool // started or failed (r.mu)
+	markRev  uint64
 }
 
 type reader struct {
@@ -53,9 +54,11 @@ type reader struct {
 }
 
 // read returns the latest record of every key in node id's journal from
-// its mark up to sequence upto. The map is the reader's: done must take
+// its mark up to sequence upto, and the highest revision the read found
+// the mark at (every write of the node to the state bucket before that
+// mark is at or below it: J17). The map is the reader's: done must take
 // what it needs before it returns.
-func (r *reader) read(id string, upto uint64, timeout time.Duration, done func(map[string]state, error)) {
+func (r *reader) read(id string, upto uint64, timeout time.Duration, done func(states map[string]state, markRev uint64, err error)) {
 	req := &readRequest{id: id, upto: upto, deadline: r.j.now().Add(timeout), done: done}
 	r.mu.Lock()
 	r.queue = append(r.queue, req)
@@ -68,7 +71,7 @@ func (r *reader) read(id string, upto uint64, timeout time.Duration, done func(m
 		}
 		req.taken = true
 		r.mu.Unlock()
-		done(nil, fmt.Errorf("waiting to read the journal of %s: %w", id, errWaitTimeout))
+		done(nil, 0, fmt.Errorf("waiting to read the journal of %s: %w", id, errWaitTimeout))
 	})
 	r.pump()
 }
@@ -98,13 +101,14 @@ func (r *reader) pump() {
 	cached := r.cache[req.id]
 	r.mu.Unlock()
 	finish := func(states map[string]state, err error) {
-		req.done(states, err)
+		req.done(states, req.markRev, err)
 		r.mu.Lock()
 		r.busy = false
 		r.mu.Unlock()
 		r.pump()
 	}
-	r.j.ck.markOf(req.id, r.j.opTimeout(req.deadline), func(mark uint64, err error) {
+	r.j.ck.markOf(req.id, r.j.opTimeout(req.deadline), func(mark, rev uint64, err error) {
+		req.markRev = max(req.markRev, rev)
 		if err != nil {
 			finish(nil, fmt.Errorf("reading the journal mark of %s: %w", req.id, err))
 			return
@@ -181,7 +185,8 @@ func (r *reader) run(req *readRequest, sr *sourceRead, finish func(map[string]st
 			end(err)
 			return
 		}
-		j.ck.markOf(req.id, j.opTimeout(req.deadline), func(mark uint64, merr error) {
+		j.ck.markOf(req.id, j.opTimeout(req.deadline), func(mark, rev uint64, merr error) {
+			req.markRev = max(req.markRev, rev)
 			if merr == nil && mark >= req.upto {
 				err = nil
 			}

@@ -195,7 +195,7 @@ func (r *records) dirty(part int, serving func(int) bool) []todo {
 		if e.firstDirty == 0 || e.orphan || (part >= 0 && e.part != part) || (part < 0 && !serving(e.part)) {
 			continue
 		}
-		list = append(list, todo{k, e, e.val, e.jseq, e.kvRev, e.kvKnown})
+		list = append(list, todo{k, e, e.val, e.jseq, e.kvRev, e.kvKnown, r.gen[e.part]})
 	}
 	// In key order: the writes go out in an order that does not depend on
 	// the map's (a schedule of the simulation replays exactly).
@@ -211,10 +211,13 @@ type todo struct {
 	jseq  uint64
 	rev   uint64
 	known bool
+	gen   uint64 // its partition's generation
 }
 
-// checkpointed records the outcome of t's write to the bucket (at rev).
-func (r *records) checkpointed(t todo, rev uint64, err error) {
+// checkpointed records the outcome of t's write to the bucket (at rev);
+// keep: the record stays dirty all the same (its partition's
+// open-reservation index, as of it, is not written: J17).
+func (r *records) checkpointed(t todo, rev uint64, err error, keep bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err != nil {
@@ -222,9 +225,11 @@ func (r *records) checkpointed(t todo, rev uint64, err error) {
 		return
 	}
 	t.e.kvRev, t.e.kvKnown = rev, true
-	if t.e.jseq == t.jseq {
+	switch {
+	case keep:
+	case t.e.jseq == t.jseq:
 		t.e.firstDirty = 0
-	} else {
+	default:
 		t.e.firstDirty = t.jseq + 1
 	}
 }
@@ -325,6 +330,23 @@ func (r *records) renewed(p int) {
 			e.pin = false
 		}
 	}
+}
+
+// held returns the records of partition p this node holds in memory (not
+// orphans), when it holds p.
+func (r *records) held(p int) map[string][]byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string][]byte)
+	if !r.owned[p] {
+		return out
+	}
+	for k, e := range r.entries {
+		if e.part == p && !e.orphan {
+			out[k] = e.val
+		}
+	}
+	return out
 }
 
 // dropOrphans forgets p's orphans.

@@ -98,7 +98,7 @@ func TestReadCacheEndsAtTheSourcesMark(t *testing.T) {
 		t.Helper()
 		got := map[string]string{}
 		err := wait(t, func(done func(error)) {
-			j.rd.read("node", last, 5*time.Second, func(states map[string]state, err error) {
+			j.rd.read("node", last, 5*time.Second, func(states map[string]state, _ uint64, err error) {
 				for k, st := range states {
 					got[k] = string(st.val)
 				}

@@ -91,7 +91,7 @@ func readJournalled(ctx context.Context, js jetstream.JetStream, kv jetstream.Ke
 			err error
 		}
 		ch := make(chan res, 1)
-		j.rd.read(src, upto, timeout, func(states map[string]state, err error) {
+		j.rd.read(src, upto, timeout, func(states map[string]state, _ uint64, err error) {
 			ch <- res{states[key].val, err}
 		})
 		r := <-ch

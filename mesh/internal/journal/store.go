@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"errors"
 	"time"
 
 	"github.com/limitmesh/limitmesh/kvstate"
@@ -24,6 +25,12 @@ func (j *Journal) GetAsync(key string, timeout time.Duration, done func([]byte, 
 		j.rt.Go(func() { done(val, rev, nil) })
 	default:
 		j.floors.get(key, part, timeout, func(val []byte, rev uint64, err error) {
+			// The partition's open-reservation index learns what the key's
+			// record says now (J17): a key it names whose reservations all
+			// ended is dropped.
+			if (err == nil || errors.Is(err, kvstate.ErrNotFound)) && j.open.wants(part, gen, key) {
+				j.open.see(part, gen, key, val)
+			}
 			if rev != 0 {
 				rev = tagRev(rev, gen)
 			}

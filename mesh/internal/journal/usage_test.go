@@ -43,7 +43,7 @@ func readJournal(t *testing.T, j *Journal, node string, upto uint64) {
 	t.Helper()
 	j.rd.cache = map[string]*sourceRead{}
 	if err := wait(t, func(done func(error)) {
-		j.rd.read(node, upto, 5*time.Second, func(_ map[string]state, err error) { done(err) })
+		j.rd.read(node, upto, 5*time.Second, func(_ map[string]state, _ uint64, err error) { done(err) })
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -73,6 +73,9 @@ func New(cfg Config) *Member {
 	if cfg.Journal != nil {
 		kc.Store = cfg.Journal
 		kc.UsageKept = true // the journal publishes a landed write's usage
+		// The keys with open reservations an adoption finds in the
+		// partition's index (J17) are told as those a load finds.
+		cfg.Journal.SetReservations(kc.OnReservations)
 	}
 	kc.Fencer = m
 	kc.Partition = func(key string) int { return ownership.PartitionOf(key, parts) }
@@ -118,8 +121,16 @@ func (m *Member) Stop() {
 
 // Serve implements ownership.Host.
 func (m *Member) Serve(p int, epoch uint64, until int64) {
+	lapsed := !m.Route.Serving(p)
 	m.Route.Set(p, epoch, until)
 	m.told(p, true)
+	if lapsed && m.Journal != nil {
+		// The sweeps forget the keys of a partition not served: p's are
+		// told again whenever it is served after it was not (an adoption
+		// tells them too, J17, but a renewal that lands after this node's
+		// lease ran out serves p again without one).
+		m.Journal.TellReservations(p)
+	}
 }
 
 // Unserve implements ownership.Host.

@@ -593,19 +593,11 @@ func (c *resChecker) whereIs(r *simRes) string {
 		return fmt.Sprintf("%s; its key's latest record (version %d, %s) does not hold it", b.String(), latest.Version, where)
 	}
 	if v.Outcome == keyrec.Open {
-		return fmt.Sprintf("%s; its key's latest record (version %d, %s) holds it open: %s", b.String(), latest.Version, where, unswept)
+		return fmt.Sprintf("%s; its key's latest record (version %d, %s) holds it open: no sweep ended it", b.String(), latest.Version, where)
 	}
 	return fmt.Sprintf("%s; its key's latest record (version %d, %s) holds it %s", b.String(), latest.Version, where, v.Outcome)
 }
 
-// The protocol bugs the checks found, named in their failures' messages
-// (sim_test.go's knownBugs lists those not fixed yet).
-const (
-	// unswept: a node learns the keys with open reservations only from
-	// the reservation calls it decides, so a key whose owner changed (or
-	// restarted) after its last such call is never swept.
-	unswept = "its key's owner never learnt it has open reservations, so no sweep ends them (service/reserve_sweep.go)"
-)
 
 // describe says what the checker knows of r's end.
 func (r *simRes) describe() string {

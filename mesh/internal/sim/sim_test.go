@@ -138,9 +138,7 @@ const maxUnserved = 0.001
 // invariants keep guarding every run; -sim.seed=N still fails on them.
 // Remove a bug's entry with its fix (TestKnownBugsStillOccur then says
 // so).
-var knownBugs = []struct{ name, sign string }{
-	{"service/reserve_sweep.go: a new owner sweeps the keys it loads or adopts from a journal, not those whose record was checkpointed and is never touched again", unswept},
-}
+var knownBugs = []struct{ name, sign string }{}
 
 // knownBug returns the signs of the known bugs err's lines name, if every
 // line names one, or nil.

@@ -3,6 +3,7 @@ package journal
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
+	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/rt"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -342,5 +344,48 @@ func TestOpenIndexCodec(t *testing.T) {
 		if e.next >= int64(len(big)-dropped) {
 			t.Fatalf("kept a key expiring at %d, after one left out", e.next)
 		}
+	}
+}
+
+// TestTellReservationsAfterALapse (J17): a node whose lease of a partition
+// ran out (its sweeps forgot the partition's keys) and that serves it
+// again without an adoption is told every key it knows to have open
+// reservations: those only in the state bucket (the index) and those
+// journalled since the last checkpoint; not a key whose latest record
+// ended them.
+func TestTellReservationsAfterALapse(t *testing.T) {
+	const p = 17
+	k1 := keyIn(p, "")
+	k2 := keyIn(p, k1)
+	k3 := k2
+	for i := 0; k3 == k1 || k3 == k2; i++ {
+		k3 = keyIn(p, k2) + strconv.Itoa(i)
+		if ownership.PartitionOf(k3, testParts) != p {
+			k3 = k2
+		}
+	}
+	_, _, js := testJournal(t)
+	c := newTold()
+	a := peer(t, js, "a", c.note, nil)
+	expires := time.Now().Add(time.Minute).UnixNano()
+	ownAndCheckpoint(t, a, p, k1, reserved(1, expires, false))
+	if _, err := update(t, a, k3, reserved(1, expires, false), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, func(done func(error)) { a.ck.run(-1, nil, done) }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := update(t, a, k2, reserved(1, expires+1, false), 0); err != nil {
+		t.Fatal(err)
+	}
+	_, rev := lookupRev(t, a, k3)
+	if _, err := update(t, a, k3, reserved(2, expires, true), rev); err != nil {
+		t.Fatal(err)
+	}
+	a.TellReservations(p)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.keys) != 2 || c.keys[k1] != expires || c.keys[k2] != expires+1 {
+		t.Fatalf("told %v, want %s and %s", c.keys, k1, k2)
 	}
 }

@@ -598,7 +598,6 @@ func (c *resChecker) whereIs(r *simRes) string {
 	return fmt.Sprintf("%s; its key's latest record (version %d, %s) holds it %s", b.String(), latest.Version, where, v.Outcome)
 }
 
-
 // describe says what the checker knows of r's end.
 func (r *simRes) describe() string {
 	switch {

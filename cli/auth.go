@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/limitmesh/limitmesh/auth"
+	"github.com/limitmesh/limitmesh/cli/internal/clitext"
 )
 
 func runAuth(ctx context.Context, args []string, s stdio) error {
@@ -168,7 +169,7 @@ func authAddTenant(ctx context.Context, args []string, s stdio) error {
 		return fmt.Errorf("tenant %s is written to %s but the running server did not take it (%v): "+
 			"run `limitmesh auth push %s` when it is reachable, or restart it", name, d.Dir, err, d.Dir)
 	}
-	fmt.Fprintf(s.out, "pushed to %s: tenant %s can connect now\n", redactURL(pf.natsURL), name)
+	fmt.Fprintf(s.out, "pushed to %s: tenant %s can connect now\n", clitext.RedactURL(pf.natsURL), name)
 	return nil
 }
 
@@ -196,6 +197,6 @@ func authPush(ctx context.Context, args []string, s stdio) error {
 	if err := pf.push(ctx, d, pubs...); err != nil {
 		return err
 	}
-	fmt.Fprintf(s.out, "pushed %d accounts (LIMITER and %d tenants) to %s\n", len(pubs), len(pubs)-1, redactURL(pf.natsURL))
+	fmt.Fprintf(s.out, "pushed %d accounts (LIMITER and %d tenants) to %s\n", len(pubs), len(pubs)-1, clitext.RedactURL(pf.natsURL))
 	return nil
 }

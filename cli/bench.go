@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/limitmesh/limitmesh/cli/internal/bench"
+	"github.com/limitmesh/limitmesh/cli/internal/clitext"
 	"github.com/limitmesh/limitmesh/mesh"
 )
 
@@ -141,7 +142,7 @@ func (b *benchCommand) configure(s stdio) {
 	c.Prefix, c.Timeout = b.cf.prefix, b.cf.timeout
 	if b.external {
 		c.Dial = func(name string) (*nats.Conn, error) { return b.cf.dial(name) }
-		c.Target = redactURL(b.cf.natsURL)
+		c.Target = clitext.RedactURL(b.cf.natsURL)
 	}
 	for u := range strings.SplitSeq(b.metricsURL, ",") {
 		if u = strings.TrimSpace(u); u != "" {

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/limitmesh/limitmesh/cli/internal/clitext"
 )
 
 // credsUsage is the help of the --creds flag every command that connects to
@@ -27,7 +29,7 @@ func connectNATS(url, name, creds string, timeout time.Duration, opts ...nats.Op
 	}
 	nc, err := nats.Connect(url, append(all, opts...)...)
 	if err != nil {
-		return nil, fmt.Errorf("cannot connect to NATS at %s: %v", redactURL(url), err)
+		return nil, fmt.Errorf("cannot connect to NATS at %s: %v", clitext.RedactURL(url), err)
 	}
 	return nc, nil
 }

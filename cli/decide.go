@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/limitmesh/limitmesh/cli/internal/clitext"
 )
 
 // clientFlags are the flags every command that talks to a running node takes.
@@ -117,9 +118,6 @@ func runDecide(ctx context.Context, args []string, s stdio) error {
 	return nil
 }
 
-// plainNumber is a JSON number without an exponent.
-var plainNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?$`)
-
 // buildDecideBody returns the request body: raw as given (checked to be
 // JSON), or one built from descriptor entries and a cost.
 func buildDecideBody(raw string, dims []string, cost, requestID string, dryRun bool) ([]byte, error) {
@@ -144,18 +142,7 @@ func buildDecideBody(raw string, dims []string, cost, requestID string, dryRun b
 		req.Descriptor[name] = value
 	}
 	if cost != "" {
-		req.Cost = costJSON(cost)
+		req.Cost = clitext.NumberJSON(cost)
 	}
 	return json.Marshal(req)
-}
-
-// costJSON is a cost flag's value as JSON: numbers go as JSON numbers;
-// anything else as a string, so the node's validation (not ours) explains
-// what is wrong with it.
-func costJSON(cost string) json.RawMessage {
-	if plainNumber.MatchString(cost) {
-		return json.RawMessage(cost)
-	}
-	b, _ := json.Marshal(cost)
-	return b
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/limitmesh/limitmesh/cli/internal/clitext"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh"
 )
@@ -57,7 +58,7 @@ func runDemo(ctx context.Context, args []string, s stdio) error {
 	}()
 	if external {
 		connect = cf.connect
-		fmt.Fprintf(s.out, "using the limitmesh deployment at %s\n", redactURL(cf.natsURL))
+		fmt.Fprintf(s.out, "using the limitmesh deployment at %s\n", clitext.RedactURL(cf.natsURL))
 	} else {
 		dir, err := os.MkdirTemp("", "limitmesh-demo-")
 		if err != nil {

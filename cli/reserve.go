@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/limitmesh/limitmesh/cli/internal/clitext"
 )
 
 // The reservation commands (CONTRACT.md §10): reserve, settle, release and
@@ -82,7 +84,7 @@ func runSettle(ctx context.Context, args []string, s stdio) error {
 		Cost        json.RawMessage `json:"cost,omitempty"`
 	}{Reservation: id}
 	if cost != "" {
-		req.Cost = costJSON(cost)
+		req.Cost = clitext.NumberJSON(cost)
 	}
 	body, _ := json.Marshal(req)
 	return reservationRequest(ctx, &cf, "settle", id, body, s)

@@ -567,13 +567,3 @@ func (b *byteSize) Set(v string) error {
 	*b = byteSize(n * mult)
 	return nil
 }
-
-// redactURL hides a password in a NATS URL before it is printed.
-func redactURL(u string) string {
-	if at := strings.LastIndex(u, "@"); at >= 0 {
-		if scheme := strings.Index(u, "://"); scheme >= 0 && scheme < at {
-			return u[:scheme+3] + "***" + u[at:]
-		}
-	}
-	return u
-}

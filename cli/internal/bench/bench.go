@@ -11,13 +11,13 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"regexp"
 	"runtime/pprof"
 	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/limitmesh/limitmesh/cli/internal/clitext"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh"
 	"github.com/limitmesh/limitmesh/policies"
@@ -204,7 +204,7 @@ func newBenchPlan(c *Config, run string) (*benchPlan, error) {
 		return nil, fmt.Errorf("--cost %q: %v", c.Cost, err)
 	}
 	rate, _ := json.Marshal(c.Rate)
-	limits, from := fmt.Sprintf(`[{"name":"rate","algorithm":"token_bucket","rate":%s,"burst":%s}]`, rate, burstJSON(c.Burst)),
+	limits, from := fmt.Sprintf(`[{"name":"rate","algorithm":"token_bucket","rate":%s,"burst":%s}]`, rate, clitext.NumberJSON(c.Burst)),
 		fmt.Sprintf("--rate %q / --burst %q", c.Rate, c.Burst)
 	mode := c.Mode
 	if c.Mode.Reserves() {
@@ -227,19 +227,6 @@ func newBenchPlan(c *Config, run string) (*benchPlan, error) {
 		}
 	}
 	return p, nil
-}
-
-// plainNumber is a JSON number without an exponent.
-var plainNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?$`)
-
-// burstJSON returns the burst as a JSON number when it is one, else as a
-// string (which policies.Parse then rejects with a clear path).
-func burstJSON(s string) string {
-	if plainNumber.MatchString(s) {
-		return s
-	}
-	b, _ := json.Marshal(s)
-	return string(b)
 }
 
 // appendBody appends the decide request body for key k.

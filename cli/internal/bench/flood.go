@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/limitmesh/limitmesh/cli/internal/clitext"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 )
@@ -69,7 +70,7 @@ func (f *FloodConfig) policyDoc(run, mode string) []byte {
 	rate, _ := json.Marshal(f.Rate)
 	return fmt.Appendf(nil, `{"match":{"bench_run":%q,"bench_flood":"1"},"key":["bench_run","bench_flood"],`+
 		`"limits":[{"name":"rate","algorithm":"token_bucket","rate":%s,"burst":%s}],`+
-		`"mode":%q,"description":"limitmesh bench flood %s"}`, run, rate, burstJSON(f.Burst), mode, run)
+		`"mode":%q,"description":"limitmesh bench flood %s"}`, run, rate, clitext.NumberJSON(f.Burst), mode, run)
 }
 
 // perSecond returns the requests per second the flood offers: factor

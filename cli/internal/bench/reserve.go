@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/limitmesh/limitmesh/cli/internal/clitext"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 )
@@ -153,11 +154,11 @@ type resPlan struct {
 func reserveLimits(c *Config) (string, string) {
 	if c.Mode == "concurrency" {
 		slots := c.Slots()
-		return fmt.Sprintf(`[{"name":"slots","algorithm":"concurrency","limit":%s}]`, burstJSON(slots)),
+		return fmt.Sprintf(`[{"name":"slots","algorithm":"concurrency","limit":%s}]`, clitext.NumberJSON(slots)),
 			fmt.Sprintf("--slots %q", slots)
 	}
 	rate, _ := json.Marshal(c.Rate)
-	return fmt.Sprintf(`[{"name":"rate","algorithm":"token_bucket","rate":%s,"burst":%s}]`, rate, burstJSON(c.Burst)),
+	return fmt.Sprintf(`[{"name":"rate","algorithm":"token_bucket","rate":%s,"burst":%s}]`, rate, clitext.NumberJSON(c.Burst)),
 		fmt.Sprintf("--rate %q / --burst %q", c.Rate, c.Burst)
 }
 

@@ -8,13 +8,12 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/limitmesh/limitmesh/cli/internal/clitext"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 )
@@ -210,15 +209,15 @@ func scrapeReservations(ctx context.Context, urls []string, policy string, timeo
 		}
 		resp, err := hc.Do(req)
 		if err != nil {
-			return 0, nil, fmt.Errorf("metrics %s: %v", redactURL(u), err)
+			return 0, nil, fmt.Errorf("metrics %s: %v", clitext.RedactURL(u), err)
 		}
 		body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 		resp.Body.Close()
 		if err != nil {
-			return 0, nil, fmt.Errorf("metrics %s: %v", redactURL(u), err)
+			return 0, nil, fmt.Errorf("metrics %s: %v", clitext.RedactURL(u), err)
 		}
 		if resp.StatusCode != http.StatusOK {
-			return 0, nil, fmt.Errorf("metrics %s: %s", redactURL(u), resp.Status)
+			return 0, nil, fmt.Errorf("metrics %s: %s", clitext.RedactURL(u), resp.Status)
 		}
 		open += reservationMetrics(body, policy, ended)
 	}
@@ -332,15 +331,4 @@ func (rb *resBench) reserveReport(ctx context.Context, rep *Report, echo, measur
 	}
 	rb.checkLeaks(ctx, rr, metricsURLs, progress)
 	rep.ResReport = rr
-}
-
-// redactURL hides the user information of a URL (a password) before it
-// is printed, as `limitmesh` prints NATS URLs: scheme://***@host/path.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	u.User = nil
-	return strings.Replace(u.String(), "://", "://***@", 1)
 }

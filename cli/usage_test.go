@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,7 +23,6 @@ type usageFixture struct {
 	url string
 	js  jetstream.JetStream
 	pub *lmusage.Publisher
-	rec *lmusage.Reconciler
 }
 
 func newUsageFixture(t *testing.T) *usageFixture {
@@ -59,7 +59,7 @@ func newUsageFixture(t *testing.T) *usageFixture {
 	done := make(chan struct{})
 	go func() { _ = rec.Run(rctx); close(done) }()
 	t.Cleanup(func() { rcancel(); <-done })
-	return &usageFixture{url: emb.ClientURL(), js: js, pub: pub, rec: rec}
+	return &usageFixture{url: emb.ClientURL(), js: js, pub: pub}
 }
 
 func (f *usageFixture) add(t *testing.T, policy, key string, tUs, cost int64, allowed bool, dims ...string) {
@@ -93,11 +93,30 @@ func (f *usageFixture) waitLedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for f.rec.Applied() < info.State.LastSeq {
+	ledger, err := f.js.KeyValue(ctx, lmusage.LedgerBucket("rl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The ledger's cursor entry: every message up to its seq is wholly in
+	// the ledger (docs/protocol.md).
+	var cursor struct {
+		Seq uint64 `json:"seq"`
+	}
+	for cursor.Seq < info.State.LastSeq {
 		if ctx.Err() != nil {
-			t.Fatalf("ledger at %d, stream at %d", f.rec.Applied(), info.State.LastSeq)
+			t.Fatalf("ledger at %d, stream at %d", cursor.Seq, info.State.LastSeq)
 		}
 		time.Sleep(10 * time.Millisecond)
+		en, err := ledger.Get(ctx, "cursor")
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("reading the ledger's cursor: %v", err)
+		}
+		if err := json.Unmarshal(en.Value(), &cursor); err != nil {
+			t.Fatalf("cursor %q: %v", en.Value(), err)
+		}
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -97,8 +96,6 @@ type Reconciler struct {
 	stream string
 	m      *ledgerMetrics
 	log    *slog.Logger
-
-	applied atomic.Uint64 // the last stream sequence this reconciler made durable
 
 	mu      sync.Mutex // guards tracked (read by tests)
 	tracked map[policyKey]*trackedKey
@@ -230,10 +227,6 @@ func NewReconciler(ctx context.Context, js jetstream.JetStream, cfg ReconcilerCo
 
 // KV is the ledger bucket (the reconciler's elector keeps its lease there).
 func (r *Reconciler) KV() jetstream.KeyValue { return r.kv }
-
-// Applied returns the last usage stream sequence this reconciler wrote to
-// the ledger (0 before its first write).
-func (r *Reconciler) Applied() uint64 { return r.applied.Load() }
 
 // Run keeps the ledger until ctx ends, then returns nil. A session that
 // fails (see Reconciler) is logged and started again after a short pause.

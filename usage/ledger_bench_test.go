@@ -55,9 +55,7 @@ func BenchmarkLedgerIngest(b *testing.B) {
 	b.ResetTimer()
 	start := time.Now()
 	go func() { r.Run(ctx); close(done) }()
-	for r.Applied() < last {
-		time.Sleep(time.Millisecond)
-	}
+	waitCursor(b, r.KV(), last, 10*time.Minute)
 	elapsed := time.Since(start)
 	b.StopTimer()
 	cancel()
@@ -112,9 +110,7 @@ func BenchmarkLedgerLive(b *testing.B) {
 		b.Fatal(err)
 	}
 	last := lastSeq(b, js)
-	for r.Applied() < last {
-		time.Sleep(time.Millisecond)
-	}
+	waitCursor(b, r.KV(), last, 10*time.Minute)
 	cpu, elapsed := cpuTime(b)-cpu0, time.Since(start)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "records/s")

@@ -65,7 +65,6 @@ func (r *Reconciler) session(ctx context.Context) error {
 		return err
 	}
 	s.applied = cur.Seq
-	r.applied.Store(cur.Seq)
 	stream, err := r.js.Stream(octx, r.stream)
 	if err != nil {
 		return fmt.Errorf("usage stream: %w", err)
@@ -298,7 +297,6 @@ func (s *session) commit(ctx context.Context) error {
 			_ = nc.Publish(reply, ackBody)
 		}
 	}
-	r.applied.Store(s.applied)
 	r.m.counted.Add(float64(s.counted))
 	r.m.duplicate.Add(float64(s.dup))
 	r.m.invalid.Add(float64(s.invalid))

@@ -33,8 +33,7 @@ import (
 // once; when a holder dies without deleting, another takes over within
 // about 1.33 lease (it must see the entry unchanged for a whole lease).
 //
-// Create one with [New] and call [Elector.Run] once. Leader is safe
-// for concurrent use.
+// Create one with [New] and call [Elector.Run] once.
 type Elector struct {
 	kv    jetstream.KeyValue
 	key   string
@@ -43,9 +42,8 @@ type Elector struct {
 	lease time.Duration
 	log   *slog.Logger
 
-	base  time.Time    // the monotonic clock's origin
-	fence atomic.Int64 // leads while mono() < fence (ns); 0: not leading
-	ran   atomic.Bool
+	base time.Time // the monotonic clock's origin
+	ran  atomic.Bool
 }
 
 // JobRestartDelay is the pause before a job that returned while its
@@ -79,12 +77,6 @@ func New(kv jetstream.KeyValue, key, nodeID string, lease time.Duration, log *sl
 
 // mono is the elector's monotonic clock, ns.
 func (e *Elector) mono() int64 { return int64(time.Since(e.base)) }
-
-// Leader reports whether this elector leads now (its job may run).
-func (e *Elector) Leader() bool {
-	f := e.fence.Load()
-	return f != 0 && e.mono() < f
-}
 
 // Run takes part in the election until ctx is done, running job whenever
 // this elector leads. job's context is cancelled when the lease is lost
@@ -122,7 +114,6 @@ func (e *Elector) Run(ctx context.Context, job func(ctx context.Context) error) 
 		jobCancel, jobDone = nil, nil
 	}
 	defer func() {
-		e.fence.Store(0)
 		stopJob()
 		if core.mine {
 			dctx, cancel := context.WithTimeout(context.Background(), e.lease/3)
@@ -142,11 +133,6 @@ func (e *Elector) Run(ctx context.Context, job func(ctx context.Context) error) 
 		}
 		now := e.mono()
 		leads := core.leads(now)
-		if leads {
-			e.fence.Store(core.fence)
-		} else {
-			e.fence.Store(0)
-		}
 		if leads != wasLeader {
 			wasLeader = leads
 			if leads {

@@ -2,23 +2,30 @@ package elector
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Two electors on two connections: one runs the job; when its connection
-// is closed, the other runs it, and the two never run it at once.
+// is closed, the other runs it, and the two never run it at once. Who
+// leads is observed as an operator and a job see it: the node the election
+// entry names, and whose job runs.
 func TestElectorFailover(t *testing.T) {
 	url := startServer(t)
+	_, entries := connect(t, url)
 	const lease = 1500 * time.Millisecond
 	var (
 		active  atomic.Int32
 		overlap atomic.Bool
 		mu      sync.Mutex
 		runs    []string
+		running = map[string]bool{}
 	)
 	job := func(node string) func(ctx context.Context) error {
 		return func(ctx context.Context) error {
@@ -27,14 +34,28 @@ func TestElectorFailover(t *testing.T) {
 			}
 			mu.Lock()
 			runs = append(runs, node)
+			running[node] = true
 			mu.Unlock()
 			<-ctx.Done()
+			mu.Lock()
+			running[node] = false
+			mu.Unlock()
 			active.Add(-1)
 			return nil
 		}
 	}
+	runsJob := func(node string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return running[node]
+	}
+	leads := func(node string) func() bool {
+		return func() bool {
+			holder, _ := entryHolder(t, entries, "leader.ledger")
+			return holder == node && runsJob(node)
+		}
+	}
 	type member struct {
-		e    *Elector
 		done chan error
 		stop context.CancelFunc
 	}
@@ -44,22 +65,30 @@ func TestElectorFailover(t *testing.T) {
 		conns[node] = nc.Close
 		e := New(kv, "leader.ledger", node, lease, nil)
 		ctx, cancel := context.WithCancel(context.Background())
-		m := &member{e: e, done: make(chan error, 1), stop: cancel}
+		m := &member{done: make(chan error, 1), stop: cancel}
 		go func() { m.done <- e.Run(ctx, job(node)) }()
 		t.Cleanup(func() { cancel(); <-m.done })
 		return m
 	}
-	a := start("a")
-	waitFor(t, 20*time.Second, "a leads", a.e.Leader)
+	start("a")
+	waitFor(t, 20*time.Second, "a leads", leads("a"))
+	_, since := entryHolder(t, entries, "leader.ledger")
 	b := start("b")
-	// b stays a follower while a renews.
-	time.Sleep(2 * lease)
-	if b.e.Leader() || !a.e.Leader() {
-		t.Fatalf("a leads %v, b leads %v", a.e.Leader(), b.e.Leader())
+	// b stays a follower while a renews: two renewals of a's entry land
+	// and b's job never starts.
+	waitFor(t, 20*time.Second, "a renews twice", func() bool {
+		holder, rev := entryHolder(t, entries, "leader.ledger")
+		if holder != "a" {
+			t.Fatalf("the entry names %q while a renews, want a", holder)
+		}
+		return rev >= since+2
+	})
+	if runsJob("b") || !runsJob("a") {
+		t.Fatalf("a runs its job %v, b runs its job %v", runsJob("a"), runsJob("b"))
 	}
 	conns["a"]()
-	waitFor(t, 30*time.Second, "b leads after a's connection closed", b.e.Leader)
-	waitFor(t, 10*time.Second, "a stops leading", func() bool { return !a.e.Leader() })
+	waitFor(t, 30*time.Second, "b leads after a's connection closed", leads("b"))
+	waitFor(t, 10*time.Second, "a stops leading", func() bool { return !runsJob("a") })
 	waitFor(t, 10*time.Second, "b runs the job", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -70,17 +99,37 @@ func TestElectorFailover(t *testing.T) {
 	}
 	// A graceful stop releases the entry: a third elector takes over at once
 	// (well before a lease passes unchanged).
-	c := start("c")
+	start("c")
 	time.Sleep(lease / 2)
 	b.stop()
 	if err := <-b.done; err != nil {
 		t.Fatal(err)
 	}
 	b.done <- nil
-	waitFor(t, 20*time.Second, "c leads after b released", c.e.Leader)
+	waitFor(t, 20*time.Second, "c leads after b released", leads("c"))
 	if overlap.Load() {
 		t.Fatal("two jobs ran at once")
 	}
+}
+
+// entryHolder returns the node the election entry key names and the
+// entry's revision ("" when there is none, or it was deleted).
+func entryHolder(t *testing.T, kv jetstream.KeyValue, key string) (string, uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	en, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", 0
+	}
+	if err != nil {
+		t.Fatalf("reading %s: %v", key, err)
+	}
+	var v leaseValue
+	if err := json.Unmarshal(en.Value(), &v); err != nil {
+		t.Fatalf("%s holds %q: %v", key, en.Value(), err)
+	}
+	return v.Node, en.Revision()
 }
 
 // A job that fails while leading is restarted.

@@ -281,9 +281,7 @@ func metricValue(t testing.TB, tn *testNode, series string) float64 {
 }
 
 // waitMetric waits until the node's series reaches want and fails if it
-// is then above it. A node updates its ownership gauge and counters just
-// after the router change that Owns reports, so a test that waited on Owns
-// waits on them too.
+// is then above it.
 func waitMetric(t testing.TB, tn *testNode, series string, want float64) {
 	t.Helper()
 	var v float64
@@ -421,15 +419,16 @@ func admittedOf(replies []reply) int {
 }
 
 // requireOwner fails unless the reply r names partition p (its
-// "partition" hint) and node owner serves p now: a test that kills the
-// owner of a key's partition checks with it that it kills the right node.
+// "partition" hint) and the shards bucket names node owner for p: a test
+// that kills the owner of a key's partition checks with it that it kills
+// the right node.
 func requireOwner(t testing.TB, r reply, p int, owner *testNode) {
 	t.Helper()
 	if r.Partition != p {
 		t.Fatalf("reply %+v names partition %d, want %d", r, r.Partition, p)
 	}
-	if !owner.node.Owns(p) {
-		t.Fatalf("node %s does not own partition %d", owner.id, p)
+	if e := readShard(t, owner.nc, p); e.Node != owner.id {
+		t.Fatalf("partition %d's entry names %q, not %s", p, e.Node, owner.id)
 	}
 }
 

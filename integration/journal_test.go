@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"testing"
@@ -45,7 +46,9 @@ func startKillableNode(t *testing.T, e *mesh.Embedded, cfg mesh.NodeConfig) (*te
 			t.Errorf("Stop: %v", err)
 		}
 	})
-	return &testNode{node: n, id: cfg.NodeID, nc: nc}, func() {
+	hs := httptest.NewServer(n.HTTPHandler())
+	t.Cleanup(hs.Close)
+	return &testNode{node: n, id: cfg.NodeID, nc: nc, http: hs}, func() {
 		killed = true
 		nc.Close()
 	}
@@ -144,12 +147,12 @@ func TestJournalCrashAdoption(t *testing.T) {
 	if inBucket(t, kv, key) {
 		t.Fatal("the record is in the state bucket already: the test needs it in the journal only")
 	}
-	epoch := n1.node.Epoch(p)
+	epoch := epochOf(t, n1, p)
 
 	requireOwner(t, r, p, n1)
 	kill()
-	waitFor(t, "the survivor owns the dead node's partition", func() bool { return n0.node.Owns(p) })
-	if e2 := n0.node.Epoch(p); e2 <= epoch {
+	waitFor(t, "the survivor owns the dead node's partition", func() bool { return serves(t, n0, p) })
+	if e2 := epochOf(t, n0, p); e2 <= epoch {
 		t.Fatalf("partition %d taken over in epoch %d, not above %d", p, e2, epoch)
 	}
 	spendRest(t, n0.nc, desc, "after the crash")
@@ -182,7 +185,7 @@ func TestJournalFence(t *testing.T) {
 	}
 	otherDesc := map[string]string{"tenant": other}
 	waitFor(t, "the node owns every partition", func() bool {
-		return tn.node.Owns(p) && tn.node.Owns(partitionOf(slowKey(other)))
+		return serves(t, tn, p) && serves(t, tn, partitionOf(slowKey(other)))
 	})
 	if r := decide(t, tn.nc, "rl.v1.decide", req(desc, `"cost":10`)); !r.Allowed || whole(r) != 30 {
 		t.Fatalf("first spend: %+v", r)
@@ -190,7 +193,7 @@ func TestJournalFence(t *testing.T) {
 	if r := decide(t, tn.nc, "rl.v1.decide", req(otherDesc, `"cost":1`)); !r.Allowed || whole(r) != 39 {
 		t.Fatalf("first spend of %s: %+v", other, r)
 	}
-	epoch := tn.node.Epoch(p)
+	epoch := epochOf(t, tn, p)
 	lostBefore := metricValue(t, tn, `limitmesh_ownership_changes_total{change="lost"}`)
 
 	js, stream, _ := journalStream(t, tn.nc)
@@ -242,17 +245,17 @@ func TestJournalFence(t *testing.T) {
 	if r := decide(t, tn.nc, "rl.v1.decide", req(desc, `"cost":1`)); r.Code != "503" {
 		t.Fatalf("fenced owner answered %+v, want 503", r)
 	}
-	waitFor(t, "the fenced owner stops serving", func() bool { return !tn.node.Owns(p) })
+	// The node counts the partition lost as it stops serving it.
+	waitMetric(t, tn, `limitmesh_ownership_changes_total{change="lost"}`, lostBefore+1)
 	if got := storedUnits(t, tn.nc, key); got != 30 {
 		t.Fatalf("record of the fenced key holds %d units, want 30 (nothing committed after the fence)", got)
 	}
-	waitMetric(t, tn, `limitmesh_ownership_changes_total{change="lost"}`, lostBefore+1)
 
 	// The intruder never renews: the node claims the partition back over
 	// the intruder's claim, adopting from its own journal (and the
 	// intruder's, which holds no record).
-	waitFor(t, "partition reclaimed", func() bool { return tn.node.Owns(p) })
-	if e2 := tn.node.Epoch(p); e2 <= claim {
+	waitFor(t, "partition reclaimed", func() bool { return serves(t, tn, p) })
+	if e2 := epochOf(t, tn, p); e2 <= claim {
 		t.Fatalf("reclaimed in epoch %d, not above the claim %d", e2, claim)
 	}
 	if r := decide(t, tn.nc, "rl.v1.decide", req(desc, `"cost":1`)); !r.Allowed || whole(r) != 29 {
@@ -419,7 +422,7 @@ func TestJournalStaleFence(t *testing.T) {
 	if r := decide(t, tn.nc, "rl.v1.decide", req(desc, `"cost":10`)); !r.Allowed || whole(r) != 30 {
 		t.Fatalf("first spend: %+v", r)
 	}
-	epoch := tn.node.Epoch(p)
+	epoch := epochOf(t, tn, p)
 	if epoch < 2 {
 		t.Fatalf("epoch %d: no older epoch to fence with", epoch)
 	}
@@ -455,8 +458,13 @@ func TestJournalStaleFence(t *testing.T) {
 		if got := storedUnits(t, tn.nc, key); got != want {
 			t.Fatalf("after a fence of %s: record holds %d units, want %d", f.what, got, want)
 		}
-		if !tn.node.Owns(p) || tn.node.Epoch(p) != epoch {
-			t.Fatalf("after a fence of %s: owns %v in epoch %d, want epoch %d", f.what, tn.node.Owns(p), tn.node.Epoch(p), epoch)
+		// Kept in its epoch: never lost (a loss and a claim back would
+		// be a new epoch).
+		if e := readShard(t, tn.nc, p); e.Node != tn.id || e.Epoch != epoch {
+			t.Fatalf("after a fence of %s: the entry %+v, want %s in epoch %d", f.what, e, tn.id, epoch)
+		}
+		if v := metricValue(t, tn, `limitmesh_ownership_changes_total{change="lost"}`); v != 0 {
+			t.Fatalf("after a fence of %s: lost changes %v, want 0", f.what, v)
 		}
 	}
 	if v := metricValue(t, tn, `limitmesh_ownership_changes_total{change="lost"}`); v != 0 {
@@ -483,7 +491,7 @@ func TestJournalCrashAdoptionLong(t *testing.T) {
 	}
 	requireOwner(t, r, p, n1)
 	kill()
-	waitFor(t, "the survivor owns the dead node's partition", func() bool { return n0.node.Owns(p) })
+	waitFor(t, "the survivor owns the dead node's partition", func() bool { return serves(t, n0, p) })
 	r = decide(t, n0.nc, "rl.v1.decide", req(desc, `"cost":1`))
 	if r.Code != "" || !r.Allowed || whole(r) != 9 {
 		t.Fatalf("after the crash: %+v, want admitted with 9 left (30 of 40 spent before)", r)
@@ -557,15 +565,14 @@ func TestJournalClaimerKilled(t *testing.T) {
 			t.Fatal("no node claimed the dead owner's partition")
 		}
 	}
-	serving := nodes[claimer].node.Owns(p)
 	kills[claimer]()
-	t.Logf("claimer n%d killed; its claim adopts from %v; serving already: %v", claimer, claim.From, serving)
+	t.Logf("claimer n%d killed; its claim adopts from %v", claimer, claim.From)
 	if !slices.Contains(claim.From, "n1") {
 		t.Fatalf("the claim after n1's crash adopts from %v, not from n1", claim.From)
 	}
 
 	last := nodes[2-claimer]
-	waitFor(t, "the last node owns the partition", func() bool { return last.node.Owns(p) })
+	waitFor(t, "the last node owns the partition", func() bool { return serves(t, last, p) })
 	spendRest(t, last.nc, desc, "after both crashes")
 }
 

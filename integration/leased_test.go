@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -121,8 +122,9 @@ func reportBody(op, key string, grant, epoch uint64, spent int64) map[string]any
 	return map[string]any{"op": op, "policy": "leased", "key": key, "grant": grant, "epoch": epoch, "spent": spent}
 }
 
-// grantsOf reads the grants in key's latest durable record.
-func grantsOf(t *testing.T, nc *nats.Conn, key string) []mesh.Grant {
+// grantsOf reads the grants in key's latest durable record (in the state
+// bucket or, not yet checkpointed, in its owner's journal).
+func grantsOf(t *testing.T, nc *nats.Conn, key string) []recordGrant {
 	t.Helper()
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -130,9 +132,13 @@ func grantsOf(t *testing.T, nc *nats.Conn, key string) []mesh.Grant {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	gs, _, err := mesh.ReadGrants(ctx, js, "rl", key)
+	b, err := mesh.ReadStateRecord(ctx, js, "rl", key)
 	if err != nil {
-		t.Fatalf("ReadGrants(%s): %v", key, err)
+		t.Fatalf("ReadStateRecord(%s): %v", key, err)
+	}
+	gs, err := decodeRecordGrants(b)
+	if err != nil {
+		t.Fatalf("the record of %s: %v (%x)", key, err, b)
 	}
 	return gs
 }
@@ -157,8 +163,8 @@ func TestLeasedGrantProtocol(t *testing.T) {
 	var grants []leaseReply
 	for i := range 4 {
 		r := askOwner(t, tn.nc, part, acquireBody(key, "h1", 25_000_000))
-		if r.Result != "granted" || r.Units != 10_000_000 || r.Epoch != tn.node.Epoch(part) || r.TTL != int64(2*time.Second) || r.Revision != rev {
-			t.Fatalf("acquire %d: %+v (epoch %d)", i, r, tn.node.Epoch(part))
+		if r.Result != "granted" || r.Units != 10_000_000 || r.Epoch != epochOf(t, tn, part) || r.TTL != int64(2*time.Second) || r.Revision != rev {
+			t.Fatalf("acquire %d: %+v (epoch %d)", i, r, epochOf(t, tn, part))
 		}
 		grants = append(grants, r)
 	}
@@ -216,12 +222,14 @@ const slowLeased = `{"match": {"tenant": "*"}, "key": ["tenant"], "mode": "lease
  "lease": {"size": 10, "ttl": "4s", "max_outstanding": 40},
  "limits": [{"name": "rate", "algorithm": "token_bucket", "rate": "1/h", "burst": 100}]}`
 
-// leasedTenantOwnedBy finds a tenant whose leased key node i owns.
+// leasedTenantOwnedBy finds a tenant whose leased key node i owns (the
+// shards bucket names it).
 func leasedTenantOwnedBy(t *testing.T, nodes []*testNode, i int) string {
 	t.Helper()
+	shards := readShards(t, nodes[i].nc)
 	for k := range 10000 {
 		tenant := fmt.Sprintf("t%d", k)
-		if nodes[i].node.Owns(partitionOf(leasedKey(tenant))) {
+		if shards[partitionOf(leasedKey(tenant))].Node == nodes[i].id {
 			return tenant
 		}
 	}
@@ -261,8 +269,8 @@ func TestLeasedOwnerKilled(t *testing.T) {
 	}
 	e1 := old[0].Epoch
 	kill()
-	waitFor(t, "n0 takes the partition over", func() bool { return n0.node.Owns(part) })
-	if e2 := n0.node.Epoch(part); e2 <= e1 {
+	waitFor(t, "n0 takes the partition over", func() bool { return serves(t, n0, part) })
+	if e2 := epochOf(t, n0, part); e2 <= e1 {
 		t.Fatalf("taken over in epoch %d, not above %d", e2, e1)
 	}
 	if gs := grantsOf(t, n0.nc, key); len(gs) != 3 || gs[0].Epoch != e1 || gs[0].Holder != "h1" {
@@ -309,7 +317,9 @@ func TestLeasedOwnerStopped(t *testing.T) {
 	if err := n1.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	nodes := []*testNode{n0, {node: n1, nc: nc1}}
+	hs1 := httptest.NewServer(n1.HTTPHandler())
+	t.Cleanup(hs1.Close)
+	nodes := []*testNode{n0, {node: n1, id: "n1", nc: nc1, http: hs1}}
 	rev := putPolicy(t, n0.nc, "rl_policies", "leased", slowLeased)
 	waitApplied(t, "leased", rev, nodes...)
 	waitExclusive(t, nodes)
@@ -322,7 +332,7 @@ func TestLeasedOwnerStopped(t *testing.T) {
 	if err := n1.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "n0 takes the partition over", func() bool { return n0.node.Owns(part) })
+	waitFor(t, "n0 takes the partition over", func() bool { return serves(t, n0, part) })
 	if gs := grantsOf(t, n0.nc, key); len(gs) != 1 || gs[0].ID != g.Grant || gs[0].Epoch != g.Epoch {
 		t.Fatalf("after the handoff the record holds %+v", gs)
 	}

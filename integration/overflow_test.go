@@ -29,11 +29,12 @@ func TestMaxKeysOverflowMesh(t *testing.T) {
 	const tenants = 40
 	live := map[string]bool{}
 	perNode := make([]int, len(nodes))
+	shards := readShards(t, nodes[0].nc)
 	for k := range tenants {
 		tenant := fmt.Sprintf("t%d", k)
 		p := partitionOf(key(tenant))
 		for i, n := range nodes {
-			if n.node.Owns(p) && perNode[i] < 3 {
+			if shards[p].Node == n.id && perNode[i] < 3 {
 				perNode[i]++
 				live[tenant] = true
 			}

@@ -42,16 +42,24 @@ func replicasFor(servers []*mesh.Embedded) int {
 	return 1
 }
 
-// owners returns, per partition, the indexes of the nodes that own it.
-func owners(nodes []*testNode) [][]int {
-	parts := mesh.DefaultPartitions
-	out := make([][]int, parts)
+// owners returns, per partition, the indexes of the nodes that serve it
+// (serves), the bucket read on the first non-nil node's connection.
+func owners(t testing.TB, nodes []*testNode) [][]int {
+	t.Helper()
+	out := make([][]int, mesh.DefaultPartitions)
+	var shards map[int]shardEntry
+	for _, n := range nodes {
+		if n != nil {
+			shards = readShards(t, n.nc)
+			break
+		}
+	}
 	for i, n := range nodes {
-		if n == nil {
+		if n == nil || !heldAll(t, n, shards) {
 			continue
 		}
-		for p := range parts {
-			if n.node.Owns(p) {
+		for p := range out {
+			if shards[p].Node == n.id {
 				out[p] = append(out[p], i)
 			}
 		}
@@ -59,13 +67,14 @@ func owners(nodes []*testNode) [][]int {
 	return out
 }
 
-// waitExclusive waits until every partition has exactly one owner among
-// the (non-nil) nodes and each node owns some.
+// waitExclusive waits until the shards bucket shows every partition
+// served by one of the (non-nil) nodes (serves) and each node serving
+// some.
 func waitExclusive(t *testing.T, nodes []*testNode) {
 	t.Helper()
 	waitFor(t, "every partition owned by exactly one node", func() bool {
 		count := map[int]int{}
-		for _, o := range owners(nodes) {
+		for _, o := range owners(t, nodes) {
 			if len(o) != 1 {
 				return false
 			}
@@ -87,7 +96,7 @@ func slowKey(tenant string) string { return "p.slow.tenant=" + tenant }
 func ownerOf(t *testing.T, nodes []*testNode, tenant string) int {
 	t.Helper()
 	p := partitionOf(slowKey(tenant))
-	o := owners(nodes)[p]
+	o := owners(t, nodes)[p]
 	if len(o) != 1 {
 		t.Fatalf("partition %d owners %v", p, o)
 	}
@@ -111,7 +120,7 @@ func TestOwnershipSpreadAndRouting(t *testing.T) {
 	e := server(t, t.TempDir())
 	nodes := meshNodes(t, []*mesh.Embedded{e}, 3)
 	count := map[int]int{}
-	for _, o := range owners(nodes) {
+	for _, o := range owners(t, nodes) {
 		count[o[0]]++
 	}
 	for i := range nodes {
@@ -205,7 +214,7 @@ func TestGracefulHandoff(t *testing.T) {
 	tenant := tenantOwnedBy(t, nodes, 1)
 	desc := map[string]string{"tenant": tenant}
 	p := partitionOf(slowKey(tenant))
-	epoch := nodes[1].node.Epoch(p)
+	epoch := epochOf(t, nodes[1], p)
 	if r := decide(t, nodes[0].nc, "rl.v1.decide", req(desc, `"cost":30`)); !r.Allowed {
 		t.Fatalf("first spend: %+v", r)
 	}
@@ -231,8 +240,8 @@ func TestGracefulHandoff(t *testing.T) {
 	}
 	rest := []*testNode{nodes[0], nil, nodes[2]}
 	waitExclusive(t, rest)
-	newOwner := owners(rest)[p][0]
-	if e2 := rest[newOwner].node.Epoch(p); e2 <= epoch {
+	newOwner := owners(t, rest)[p][0]
+	if e2 := epochOf(t, rest[newOwner], p); e2 <= epoch {
 		t.Fatalf("partition %d taken over in epoch %d, not above %d", p, e2, epoch)
 	}
 	for range 20 {
@@ -245,12 +254,14 @@ func TestGracefulHandoff(t *testing.T) {
 	}
 }
 
-// tenantOwnedBy finds a tenant whose partition node i owns.
+// tenantOwnedBy finds a tenant whose partition node i owns (the shards
+// bucket names it).
 func tenantOwnedBy(t *testing.T, nodes []*testNode, i int) string {
 	t.Helper()
+	shards := readShards(t, nodes[i].nc)
 	for k := range 10000 {
 		tenant := "t" + strconv.Itoa(k)
-		if nodes[i].node.Owns(partitionOf(slowKey(tenant))) {
+		if shards[partitionOf(slowKey(tenant))].Node == nodes[i].id {
 			return tenant
 		}
 	}
@@ -268,7 +279,7 @@ func TestKilledOwnerTakeover(t *testing.T) {
 	tenant := tenantOwnedBy(t, nodes, 2)
 	desc := map[string]string{"tenant": tenant}
 	p := partitionOf(slowKey(tenant))
-	epoch := nodes[2].node.Epoch(p)
+	epoch := epochOf(t, nodes[2], p)
 	r := decide(t, nodes[0].nc, "rl.v1.decide", req(desc, `"cost":38`))
 	if !r.Allowed {
 		t.Fatalf("first spend: %+v", r)
@@ -280,8 +291,8 @@ func TestKilledOwnerTakeover(t *testing.T) {
 	waitExclusive(t, rest)
 	moved := time.Since(killed)
 	t.Logf("partitions moved %v after the kill (lease %v)", moved, ownershipLease)
-	newOwner := owners(rest)[p][0]
-	if e2 := rest[newOwner].node.Epoch(p); e2 <= epoch {
+	newOwner := owners(t, rest)[p][0]
+	if e2 := epochOf(t, rest[newOwner], p); e2 <= epoch {
 		t.Fatalf("partition %d taken over in epoch %d, not above %d", p, e2, epoch)
 	}
 	waitFor(t, "a claim counted", func() bool {
@@ -319,7 +330,7 @@ func TestDeposedOwnerFenced(t *testing.T) {
 	if r := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":10`)); !r.Allowed {
 		t.Fatalf("first spend: %+v", r)
 	}
-	epoch := n.node.Epoch(p)
+	epoch := epochOf(t, n, p)
 	js, _ := jetstream.New(n.nc)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
@@ -357,15 +368,15 @@ func TestDeposedOwnerFenced(t *testing.T) {
 	if _, err := state.Update(ctx, key, val, rev); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "deposed owner stops serving", func() bool { return !n.node.Owns(p) })
+	// The node counts the partition lost as it stops serving it.
+	waitMetric(t, n, `limitmesh_ownership_changes_total{change="lost"}`, 1)
 	r := decide(t, n.nc, "rl.v1.decide", req(desc, ""))
 	if r.Code != "503" {
 		t.Fatalf("deposed owner answered %+v, want 503 (no decision against its stale state)", r)
 	}
-	waitMetric(t, n, `limitmesh_ownership_changes_total{change="lost"}`, 1)
 	// The intruder never renews: the node takes the partition back.
-	waitFor(t, "partition reclaimed", func() bool { return n.node.Owns(p) })
-	if e2 := n.node.Epoch(p); e2 <= epoch {
+	waitFor(t, "partition reclaimed", func() bool { return serves(t, n, p) })
+	if e2 := epochOf(t, n, p); e2 <= epoch {
 		t.Fatalf("reclaimed in epoch %d, not above %d", e2, epoch)
 	}
 	got := decide(t, n.nc, "rl.v1.decide", req(desc, `"cost":30`))
@@ -387,7 +398,7 @@ func TestDeposedOwnerFenced(t *testing.T) {
 func TestClaimBackOwnEntry(t *testing.T) {
 	o := spendOnOwner(t, "back")
 	o.overwrite(t, "an entry naming the owner written", fmt.Appendf(nil, `{"node":%q}`, o.n.id))
-	waitFor(t, "partition claimed back", func() bool { return o.n.node.Owns(o.p) && o.n.node.Epoch(o.p) > o.epoch })
+	waitFor(t, "partition claimed back", func() bool { return serves(t, o.n, o.p) && epochOf(t, o.n, o.p) > o.epoch })
 	o.checkRest(t, 1, "after the claim-back")
 }
 
@@ -405,8 +416,13 @@ func TestRenewalLandedUnseen(t *testing.T) {
 		cur, err := o.shards.Get(o.ctx, o.partKey)
 		return err == nil && cur.Revision() > written
 	})
-	if !o.n.node.Owns(o.p) || o.n.node.Epoch(o.p) != o.epoch {
-		t.Fatalf("owns %v in epoch %d, want the partition kept in epoch %d", o.n.node.Owns(o.p), o.n.node.Epoch(o.p), o.epoch)
+	// The entry past the overwrite is the owner's renewal in its epoch: it
+	// kept the partition (a claim back would be in a new epoch).
+	if e := readShard(t, o.n.nc, o.p); e.Node != o.n.id || !e.Renewed || e.Epoch != o.epoch {
+		t.Fatalf("entry %+v, want the partition kept by %s in epoch %d", e, o.n.id, o.epoch)
+	}
+	if v := metricValue(t, o.n, `limitmesh_ownership_changes_total{change="lost"}`); v != 0 {
+		t.Fatalf("lost changes %v, want 0", v)
 	}
 	o.checkRest(t, 0, "after the renewal")
 }
@@ -431,7 +447,7 @@ func spendOnOwner(t *testing.T, tenant string) *ownerSpent {
 	if r := decide(t, o.n.nc, "rl.v1.decide", req(o.desc, `"cost":10`)); !r.Allowed {
 		t.Fatalf("first spend: %+v", r)
 	}
-	o.epoch = o.n.node.Epoch(o.p)
+	o.epoch = epochOf(t, o.n, o.p)
 	js, _ := jetstream.New(o.n.nc)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	t.Cleanup(cancel)

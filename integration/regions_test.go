@@ -56,10 +56,11 @@ func (rn *regionNodes) node(name string) *testNode {
 // partition the node of region name owns.
 func (rn *regionNodes) tenantOwnedIn(t *testing.T, name string, keyOf func(tenant string) string) string {
 	t.Helper()
-	n := rn.node(name).node
+	n := rn.node(name)
+	shards := readShards(t, n.nc)
 	for k := range 10000 {
 		tenant := fmt.Sprintf("%s%d", name, k)
-		if n.Owns(partitionOf(keyOf(tenant))) {
+		if shards[partitionOf(keyOf(tenant))].Node == n.id {
 			return tenant
 		}
 	}
@@ -184,12 +185,14 @@ func TestRegionsGatewayCut(t *testing.T) {
 	loads["eu"]["us"].waitDecisions(t, before["eu"]["us"], 20, 4*testTimeout, "eu clients, us-owned key, cut")
 	t.Logf("cut: eu decides the us-owned key again %s after the cut (the eu node took its partition over)",
 		time.Since(cutAt).Round(time.Millisecond))
-	if p := partitionOf(pacedKey(tenants["us"])); !rn.eu.node.Owns(p) || rn.us.node.Owns(p) {
+	// The us node cannot reach the shards bucket: that it stopped serving
+	// (its self-fence, by its own clock) only the node itself can tell.
+	if p := partitionOf(pacedKey(tenants["us"])); !serves(t, rn.eu, p) || rn.us.node.Owns(p) {
 		t.Fatalf("partition %d of the us-owned key: eu owns %v, us owns %v; want eu alone",
-			p, rn.eu.node.Owns(p), rn.us.node.Owns(p))
+			p, serves(t, rn.eu, p), rn.us.node.Owns(p))
 	}
 	waitFor(t, "the eu node owns every partition, the us node none", func() bool {
-		return owned(rn.eu.node) == mesh.DefaultPartitions && owned(rn.us.node) == 0
+		return servedBy(t, rn.eu, rn.eu) == mesh.DefaultPartitions && owned(rn.us.node) == 0
 	})
 	t.Logf("cut: the eu node owns all %d partitions %s after the cut", mesh.DefaultPartitions, time.Since(cutAt).Round(time.Millisecond))
 	// From now on the us node serves no partition (it stopped serving
@@ -239,7 +242,7 @@ func TestRegionsGatewayCut(t *testing.T) {
 				back[what] = time.Since(healAt).Round(time.Millisecond)
 			}
 		})
-		if _, ok := back["us node owns partitions"]; !ok && owned(rn.us.node) > 0 {
+		if _, ok := back["us node owns partitions"]; !ok && servedBy(t, rn.us, rn.eu) > 0 {
 			back["us node owns partitions"] = time.Since(healAt).Round(time.Millisecond)
 		}
 		return len(back) == 5
@@ -269,7 +272,26 @@ func TestRegionsGatewayCut(t *testing.T) {
 	}
 }
 
-// owned returns the number of partitions n serves now.
+// servedBy returns the number of partitions tn serves (serves), the shards
+// bucket read on via's connection.
+func servedBy(t *testing.T, tn, via *testNode) int {
+	t.Helper()
+	shards := readShards(t, via.nc)
+	if !heldAll(t, tn, shards) {
+		return 0
+	}
+	c := 0
+	for _, e := range shards {
+		if e.Node == tn.id {
+			c++
+		}
+	}
+	return c
+}
+
+// owned returns the number of partitions n serves now, by its own clock:
+// a node cut off from JetStream stops serving at its self-fence, which
+// neither the shards bucket (it cannot write there) nor its metrics show.
 func owned(n *mesh.Node) int {
 	c := 0
 	for p := range mesh.DefaultPartitions {

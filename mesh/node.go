@@ -307,12 +307,14 @@ func (b *base) stateBucket() string   { return b.cfg.Prefix + "_state" }
 func (b *base) shardBucket() string   { return b.cfg.Prefix + "_shards" }
 func (b *base) decideSubject() string { return b.cfg.Prefix + ".v1.decide" }
 
-// Owns reports whether the node serves partition p now.
+// Owns reports whether the node serves partition p now, by its own clock:
+// it holds p and its self-fence (2/3 of the lease after its last claim or
+// renewal that landed) has not passed. Who holds a partition, and in which
+// epoch, is in the shards bucket; that a node cut off from JetStream has
+// stopped serving at its self-fence is visible only here (the bucket
+// still names it, and limitmesh_owned_partitions counts the partitions
+// it holds), so tests of a cut check it with Owns.
 func (n *Node) Owns(p int) bool { return n.route.Serving(p) }
-
-// Epoch returns the epoch in which the node holds partition p (0 when it
-// does not hold it).
-func (n *Node) Epoch(p int) uint64 { return n.route.Epoch(p) }
 
 // Policy returns the version of policy name in force on this node, nil
 // when there is none. The policy is shared: do not modify it.

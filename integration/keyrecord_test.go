@@ -35,14 +35,9 @@ func decodeRecordGrants(b []byte) ([]recordGrant, error) {
 		b = b[n:]
 		return v
 	}
-	sv := func() int64 {
-		v, n := binary.Varint(b)
-		if n <= 0 {
-			err = errors.New("truncated varint")
-			return 0
-		}
-		b = b[n:]
-		return v
+	sv := func() int64 { // zig-zag, as binary.Varint reads it
+		u := uv()
+		return int64(u>>1) ^ -int64(u&1)
 	}
 	skip := func(n uint64) []byte {
 		if err != nil || n > uint64(len(b)) {

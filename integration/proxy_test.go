@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -395,9 +397,13 @@ func embeddedCluster(t *testing.T, n int) []*mesh.Embedded {
 
 // startNodeRetry starts a node on a connection to urls (reconnecting to
 // any of them), retrying the start while the cluster cannot create R3
-// buckets yet; the node stops at cleanup.
+// buckets yet, and serves its HTTPHandler; the node stops at cleanup. A
+// node without a NodeID is named as runNode names it.
 func startNodeRetry(t *testing.T, cfg mesh.NodeConfig, urls ...string) *testNode {
 	t.Helper()
+	if cfg.NodeID == "" {
+		cfg.NodeID = "node" + strconv.FormatInt(nodeSeq.Add(1), 10)
+	}
 	var tn *testNode
 	waitFor(t, "node started", func() bool {
 		nc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(),
@@ -419,7 +425,7 @@ func startNodeRetry(t *testing.T, cfg mesh.NodeConfig, urls ...string) *testNode
 			nc.Close()
 			return false
 		}
-		tn = &testNode{node: node, nc: nc}
+		tn = &testNode{node: node, id: cfg.NodeID, nc: nc, http: httptest.NewServer(node.HTTPHandler())}
 		return true
 	})
 	t.Cleanup(func() {
@@ -427,6 +433,7 @@ func startNodeRetry(t *testing.T, cfg mesh.NodeConfig, urls ...string) *testNode
 		defer cancel()
 		_ = tn.node.Stop(ctx)
 		tn.nc.Close()
+		tn.http.Close()
 	})
 	return tn
 }

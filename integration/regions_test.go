@@ -185,11 +185,12 @@ func TestRegionsGatewayCut(t *testing.T) {
 	loads["eu"]["us"].waitDecisions(t, before["eu"]["us"], 20, 4*testTimeout, "eu clients, us-owned key, cut")
 	t.Logf("cut: eu decides the us-owned key again %s after the cut (the eu node took its partition over)",
 		time.Since(cutAt).Round(time.Millisecond))
-	// The us node cannot reach the shards bucket: that it stopped serving
-	// (its self-fence, by its own clock) only the node itself can tell.
-	if p := partitionOf(pacedKey(tenants["us"])); !serves(t, rn.eu, p) || rn.us.node.Owns(p) {
-		t.Fatalf("partition %d of the us-owned key: eu owns %v, us owns %v; want eu alone",
-			p, serves(t, rn.eu, p), rn.us.node.Owns(p))
+	// The shards bucket names eu (whose clients decide the key again); the
+	// us node cannot reach the bucket: that it stopped serving (its
+	// self-fence, by its own clock) only the node itself can tell.
+	if p := partitionOf(pacedKey(tenants["us"])); readShard(t, rn.eu.nc, p).Node != rn.eu.id || rn.us.node.Owns(p) {
+		t.Fatalf("partition %d of the us-owned key: the entry names %q, us owns %v; want eu alone",
+			p, readShard(t, rn.eu.nc, p).Node, rn.us.node.Owns(p))
 	}
 	waitFor(t, "the eu node owns every partition, the us node none", func() bool {
 		return servedBy(t, rn.eu, rn.eu) == mesh.DefaultPartitions && owned(rn.us.node) == 0

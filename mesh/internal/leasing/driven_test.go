@@ -3,7 +3,6 @@ package leasing
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -14,7 +13,6 @@ import (
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh/internal/keyrec"
 	"github.com/limitmesh/limitmesh/mesh/internal/keys"
-	"github.com/limitmesh/limitmesh/mesh/internal/lease"
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/policyset"
 	"github.com/limitmesh/limitmesh/mesh/internal/route"
@@ -205,8 +203,6 @@ type world struct {
 	route  *route.Table // the owner's
 	owner  *Leasing
 	holder *Leasing
-	// applied: the owner's lease operations as its Applied hook saw them.
-	applied []keys.LeaseOp
 }
 
 func newWorld(t *testing.T) *world {
@@ -224,21 +220,16 @@ func newWorld(t *testing.T) *world {
 	w.route = route.New(drivenPrefix, drivenParts, s, s.Now())
 	tbl := keys.New(keys.Config{Env: set, Store: w.store, Runtime: s,
 		Partition: func(key string) int { return ownership.PartitionOf(key, drivenParts) }})
-	node := func(self string, route *route.Table, applied func(string, *keys.Call, *keys.LeaseOp)) *Leasing {
+	node := func(self string, route *route.Table) *Leasing {
 		l, err := New(Config{Requests: w.net, Prefix: drivenPrefix, Self: self, Policies: set, Keys: tbl, Route: route,
-			Runtime: s, Timeout: 500 * time.Millisecond, Applied: applied})
+			Runtime: s, Timeout: 500 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return l
 	}
-	w.owner = node("o", w.route, func(_ string, c *keys.Call, op *keys.LeaseOp) {
-		if c.Err != nil {
-			t.Errorf("owner call failed: %v", c.Err)
-		}
-		w.applied = append(w.applied, *op)
-	})
-	w.holder = node("n1", route.New(drivenPrefix, drivenParts, s, s.Now()), nil)
+	w.owner = node("o", w.route)
+	w.holder = node("n1", route.New(drivenPrefix, drivenParts, s, s.Now()))
 	return w
 }
 
@@ -406,9 +397,6 @@ func TestDrivenStale(t *testing.T) {
 	reqs := w.requests(n)
 	if len(reqs) != 1 || reqs[0].req.Op != opReport || reqs[0].req.Epoch != 41 || reqs[0].result != resStale {
 		t.Fatalf("requests: %+v", reqs)
-	}
-	if op := w.applied[len(w.applied)-1]; op.Report == nil || op.Report.Epoch != 41 || op.Epoch != 42 || !errors.Is(op.Refused, lease.ErrStaleEpoch) {
-		t.Fatalf("the owner applied %+v", op)
 	}
 	key, part := w.key("a")
 	e := w.holder.lookup(w.p, key, part)

@@ -62,12 +62,7 @@ type Config struct {
 	Runtime  rt.Runtime
 	// Timeout bounds a request to an owner and a gateway's acquire (the
 	// node's decision timeout).
-	Timeout time.Duration
-	// Applied, when set, is told of every holder's request the key's
-	// owner core has finished as this node's Owner (c.Err set, or op's
-	// outcome), before it is answered; it must not block. The
-	// simulation checks the owner's rules with it.
-	Applied    func(key string, c *keys.Call, op *keys.LeaseOp)
+	Timeout    time.Duration
 	Log        *slog.Logger
 	Registerer prometheus.Registerer // nil: metrics are not registered
 }

@@ -3,10 +3,11 @@ package leasing
 import (
 	"context"
 	"encoding/json"
-	"github.com/limitmesh/limitmesh/internal/jstest"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/limitmesh/limitmesh/internal/jstest"
 
 	"github.com/limitmesh/limitmesh/mesh/internal/ownership"
 	"github.com/limitmesh/limitmesh/mesh/internal/policyset"

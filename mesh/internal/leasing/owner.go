@@ -29,13 +29,12 @@ type Owner struct {
 	route    *route.Table
 	rt       rt.Runtime
 	timeout  time.Duration
-	applied  func(key string, c *keys.Call, op *keys.LeaseOp) // nil: none
 	m        *metrics
 }
 
 func newOwner(cfg Config, m *metrics) *Owner {
 	return &Owner{policies: cfg.Policies, keys: cfg.Keys, route: cfg.Route, rt: cfg.Runtime, timeout: cfg.Timeout,
-		applied: cfg.Applied, m: m}
+		m: m}
 }
 
 // ownerCall is one request from a holder node in the key's owner core.
@@ -107,9 +106,6 @@ func leaseOpOf(req ownerRequest, epoch uint64) keys.LeaseOp {
 // failed); answer the holder.
 func (oc *ownerCall) Finish(c *keys.Call) {
 	defer oc.o.route.Slot(oc.part).Inflight.Add(-1)
-	if oc.o.applied != nil {
-		oc.o.applied(oc.key, c, &oc.lop)
-	}
 	r := ownerReply(c, &oc.lop)
 	switch {
 	case c.Err != nil:

@@ -1,8 +1,6 @@
 package sim
 
-import (
-	"github.com/limitmesh/limitmesh/mesh/internal/keys"
-)
+import "encoding/json"
 
 // The leased contract (docs/protocol.md, "Leased mode", and "How they are
 // checked"):
@@ -25,26 +23,38 @@ func (c *checker) admitLeased(k *simKey, lo, cost int64, n *node, how string) {
 	}
 }
 
-// leaseOp checks a grant operation of k that owner's key core decided as
-// kc: an applied report or return names a grant of the owner's epoch
-// (L2), and counts what the owners did.
-func (c *checker) leaseOp(k *simKey, owner *node, kc *keys.Call, op *keys.LeaseOp) {
-	if kc.Err != nil {
+// leaseReply checks the reply owner sent to a holder's request on a
+// lease subject (both as they crossed the wire, CONTRACT §8): an applied
+// report or return names a grant of the owner's epoch (L2), and counts
+// what the owners did. A report whose call was decided in an earlier epoch
+// of the owner would have been fenced, not applied: the owner's epoch of
+// the partition when it answers is the one the call was decided in.
+func (c *checker) leaseReply(owner *node, part int, req, reply []byte) {
+	var q struct {
+		Op    string `json:"op"`
+		Key   string `json:"key"`
+		Grant uint64 `json:"grant"`
+		Epoch uint64 `json:"epoch"`
+	}
+	var r struct {
+		Result string `json:"result"`
+		Units  int64  `json:"units"`
+	}
+	if json.Unmarshal(req, &q) != nil || json.Unmarshal(reply, &r) != nil {
+		c.fail("L2: %s's lease request or reply does not decode: %s: %s", owner.id, req, reply)
 		return
 	}
-	if op.Acquire != nil {
-		if op.Acquired.Grant.Units > 0 {
+	switch {
+	case q.Op == "acquire":
+		if r.Result == "granted" && r.Units > 0 {
 			c.grants++
 		}
-		return
-	}
-	r := op.Report
-	if op.Refused != nil {
+	case r.Result == "ok":
+		c.reports++
+		if e := owner.m.Route.EpochOf(part); q.Epoch < e {
+			c.fail("L2: %s's owner %s applied a %s of grant %d of epoch %d in its epoch %d", q.Key, owner.id, q.Op, q.Grant, q.Epoch, e)
+		}
+	case r.Result == "stale_epoch" || r.Result == "unknown_grant" || r.Result == "bad_spend":
 		c.refusedReports++
-		return
-	}
-	c.reports++
-	if r.Epoch < op.Epoch {
-		c.fail("L2: %s's owner %s applied a report of grant %d of epoch %d in its epoch %d", k.name, owner.id, r.ID, r.Epoch, op.Epoch)
 	}
 }

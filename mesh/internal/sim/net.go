@@ -161,6 +161,11 @@ func (r simRequester) Request(m *nats.Msg, deadline time.Time, done func(*nats.M
 				s.s.after(s.netDelay(), nil, func() { back(reply, nil) })
 			}
 			if lease {
+				reply := q.reply
+				q.reply = func(m *nats.Msg) {
+					s.check.leaseReply(o, part, q.data, m.Data)
+					reply(m)
+				}
 				o.lease.ServeOwner(q)
 			} else {
 				o.svc.HandleShard(q)

@@ -160,7 +160,6 @@ func (n *node) start() {
 	n.lease, err = leasing.New(leasing.Config{
 		Requests: simRequester{n}, Prefix: "rl", Self: n.id, Policies: s.policies, Keys: m.Keys, Route: rt,
 		Runtime: rtm, Timeout: s.cfg.Timeout, Log: log,
-		Applied: func(key string, c *keys.Call, op *keys.LeaseOp) { s.check.leaseOp(s.byName[key], n, c, op) },
 	})
 	if err != nil {
 		panic(err) // metrics without a registerer: no error

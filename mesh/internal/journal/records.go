@@ -33,7 +33,13 @@ type entry struct {
 	orphan bool
 	// pin keeps the record above the mark (in view of a reader of this
 	// journal) while its partition's claim is not renewed (renewed).
-	pin     bool
+	pin bool
+	// unseen: the write of val was answered as failed (its outcome was
+	// unknown to its owner) and landed all the same. Its owner may have
+	// read the key again before the landing and hold an older revision, so
+	// the entry is kept, however long idle, until a later write of the key
+	// commits: J14 refuses writes over val only while it is in view.
+	unseen  bool
 	touched int64 // unix ns of the last write or read
 }
 
@@ -120,8 +126,11 @@ func (r *records) prepare(key string, p int) (gen uint64, known, owned bool) {
 // batch than the one expect names holds key (a write whose outcome was
 // unknown to its owner, and that landed after the owner read the key
 // again), or, for a bucket revision, the key has a journalled record not
-// checkpointed yet (the owner read the bucket before it was journalled).
-// An entry this node does not hold cannot tell: false (invariant J14).
+// checkpointed yet, or one checkpointed at a later bucket revision than
+// expect (either way the owner read the bucket before that record was
+// journalled: a checkpoint that ran meanwhile does not make the owner's
+// read any newer). An entry this node does not hold cannot tell: false
+// (invariant J14).
 func (r *records) superseded(key string, expect uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -146,7 +155,7 @@ func (r *records) supersededLocked(key string, expect uint64) bool {
 	if expect&journalRevBit != 0 {
 		return e.jseq > expect&revSeqMask
 	}
-	return e.firstDirty != 0
+	return e.firstDirty != 0 || e.kvKnown && expect&revSeqMask < e.kvRev
 }
 
 // genOf returns partition p's generation.
@@ -171,6 +180,7 @@ func (r *records) commit(batch []*write, seq uint64, now int64) (n int64) {
 			r.entries[w.key] = e
 		}
 		e.val, e.jseq, e.touched = w.val, seq, now
+		e.unseen = w.failed
 		if e.firstDirty == 0 {
 			e.firstDirty = seq
 		}
@@ -237,7 +247,7 @@ func (r *records) checkpointed(t todo, rev uint64, err error, keep bool) {
 // markLimit returns how far this node's journal may be marked checkpointed
 // (at most last): below every record not checkpointed and every pinned
 // one (invariant J3). It also forgets checkpointed records untouched since
-// idle (unix ns).
+// idle (unix ns), except those whose owner has not seen them (J14).
 func (r *records) markLimit(last uint64, idle int64) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -251,7 +261,7 @@ func (r *records) markLimit(last uint64, idle int64) uint64 {
 			m = min(m, e.firstDirty-1)
 		case e.pin:
 			m = min(m, e.jseq-1)
-		case e.touched < idle:
+		case e.touched < idle && !e.unseen:
 			delete(r.entries, k)
 		}
 	}

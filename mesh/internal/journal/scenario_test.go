@@ -430,6 +430,77 @@ func TestWriteOverAnUnseenCommitConflicts(t *testing.T) {
 	}
 }
 
+// TestWriteOverACheckpointedCommitConflicts (J14): an owner reads a key
+// from the state bucket; its write over that record has an unknown outcome
+// (it fails by its deadline) but lands, and the owner reads the key again
+// before the next append's resync commits the landed batch (J15). A
+// checkpoint then writes the landed record to the bucket, and the owner
+// writes over the bucket revision it read. That write must be refused, like
+// one taken before the checkpoint: the checkpoint does not make the owner's
+// read newer. Accepted, it journalled a record without the landed write (the
+// simulation's seed 404: a reservation a sweep's landed write had ended was
+// ended again by the next sweep, two usage records of one reservation). It
+// must still be refused however long the owner waits before writing: the
+// record the check needs is not forgotten while idle until a later write of
+// the key commits.
+func TestWriteOverACheckpointedCommitConflicts(t *testing.T) {
+	const p = 6
+	key := keyIn(p, "")
+	j, _, js := testJournal(t)
+	clk := &shiftedClock{}
+	j.rt = clk
+	ownAndCheckpoint(t, j, p, key, versioned("x", 1))
+	val, read := lookupRev(t, j, key)
+	if v, _ := keyrec.PeekVersion(val); v != 1 || read&journalRevBit != 0 {
+		t.Fatalf("read version %d at revision %#x, want version 1 from the bucket", v, read)
+	}
+	later := func() { clk.off.Add(int64(time.Hour)) }
+	j.cfg.Stream = &lostAck{Stream: j.cfg.Stream, t: t, js: js, onLost: later}
+	if _, err := update(t, j, key, versioned("x", 2), read); err == nil {
+		t.Fatal("the lost write succeeded: want it failed by its deadline (its outcome unknown)")
+	}
+	if _, rev := lookupRev(t, j, key); rev != read {
+		t.Fatalf("read again at revision %#x, want the bucket's %#x (the landed batch not committed yet)", rev, read)
+	}
+	// Another key's append finds the landed batch and commits it.
+	if _, err := update(t, j, keyIn(p, key), versioned("y", 1), 0); err != nil {
+		t.Fatalf("another key's write: %v", err)
+	}
+	checkpoint := func() {
+		t.Helper()
+		if err := wait(t, func(done func(error)) { j.ck.run(-1, nil, done) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkpoint()
+	if _, err := update(t, j, key, versioned("x", 3), read); !errors.Is(err, kvstate.ErrConflict) {
+		t.Fatalf("a write over the bucket's record the checkpoint replaced: %v, want a conflict", err)
+	}
+	later()
+	checkpoint()
+	if _, err := update(t, j, key, versioned("x", 3), read); !errors.Is(err, kvstate.ErrConflict) {
+		t.Fatalf("a write over the bucket's record the checkpoint replaced, idle since: %v, want a conflict", err)
+	}
+	// Read again: the checkpointed record and its revision; writing over
+	// it works, and the key's record is then forgotten once idle.
+	val, rev := lookupRev(t, j, key)
+	if v, _ := keyrec.PeekVersion(val); v != 2 || rev == read {
+		t.Fatalf("read version %d at revision %#x, want version 2 at a later revision than %#x", v, rev, read)
+	}
+	if _, err := update(t, j, key, versioned("x", 3), rev); err != nil {
+		t.Fatalf("a write over the latest record: %v", err)
+	}
+	checkpoint()
+	later()
+	checkpoint()
+	j.recs.mu.Lock()
+	e := j.recs.entries[key]
+	j.recs.mu.Unlock()
+	if e != nil {
+		t.Fatal("the key's record is still in memory, idle and written over by its owner")
+	}
+}
+
 // lookupRev reads key through the journal's store interface.
 func lookupRev(t *testing.T, j *Journal, key string) ([]byte, uint64) {
 	t.Helper()

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/limitmesh/limitmesh/mesh/internal/fail"
 	"strconv"
@@ -266,10 +267,24 @@ func (c *checkpointer) writeKey(key string, val []byte, ttl func() time.Duration
 // advanceMark records how far this node's journal is checkpointed and
 // purges it up to there; it also forgets checkpointed records idle for an
 // interval.
+//
+// A record its owner has not seen (an unknown outcome that landed) is kept
+// while an owner may still write over an older read of its key (J14): a
+// key owner whose state expires writes with the first batch after a load
+// (a keep-alive), and drops a key idle for at most half the state TTL, so
+// such a record is forgotten once idle for half the retention floor (the
+// state TTL), before its record can expire from the bucket (a create over
+// an expired record then meets no record in memory); without retention,
+// while the partition is held.
 func (c *checkpointer) advanceMark(done func()) {
 	j := c.j
-	idle := j.now().Add(-j.cfg.CheckpointInterval).UnixNano()
-	m := j.recs.markLimit(j.w.lastSeq(), idle)
+	now := j.now()
+	idle := now.Add(-j.cfg.CheckpointInterval).UnixNano()
+	idleUnseen := int64(math.MinInt64)
+	if f := j.cfg.Retention.Floor; f > 0 {
+		idleUnseen = now.Add(-max(f/2, j.cfg.CheckpointInterval)).UnixNano()
+	}
+	m := j.recs.markLimit(j.w.lastSeq(), idle, idleUnseen)
 	old := c.ownMark()
 	if m <= old || j.stopped.Load() {
 		done()

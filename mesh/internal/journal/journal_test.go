@@ -187,30 +187,30 @@ func TestJournalMarkRules(t *testing.T) {
 	r.unrenewed[3] = true
 	k3 := put(3, 10, true)
 	put(5, 15, false)
-	if m := r.markLimit(20, 0); m != 9 {
+	if m := r.markLimit(20, 0, 0); m != 9 {
 		t.Fatalf("mark %d with a pinned record in batch 10, want 9", m)
 	}
 	r.lose(3)
 	if e := r.entries[k3]; e == nil || !e.orphan {
 		t.Fatalf("a lost partition's pinned record was forgotten: %+v", e)
 	}
-	if m := r.markLimit(20, 0); m != 9 {
+	if m := r.markLimit(20, 0, 0); m != 9 {
 		t.Fatalf("mark %d after the loss, want 9 still", m)
 	}
 	r.dropOrphans(3) // another node renewed the partition: it adopted them
 	r.unrenewed[4] = true
 	put(4, 12, true)
-	if m := r.markLimit(20, 0); m != 11 {
+	if m := r.markLimit(20, 0, 0); m != 11 {
 		t.Fatalf("mark %d with a pinned record in batch 12, want 11", m)
 	}
 	r.renewed(4)
-	if m := r.markLimit(20, 0); m != 20 {
+	if m := r.markLimit(20, 0, 0); m != 20 {
 		t.Fatalf("mark %d after the renewal, want 20", m)
 	}
 	// Not checkpointed: the mark stays below its first dirty batch.
 	k7 := put(7, 22, false)
 	r.entries[k7].firstDirty = 21
-	if m := r.markLimit(25, 0); m != 20 {
+	if m := r.markLimit(25, 0, 0); m != 20 {
 		t.Fatalf("mark %d with a record dirty since batch 21, want 20", m)
 	}
 	delete(r.entries, k7)
@@ -224,12 +224,29 @@ func TestJournalMarkRules(t *testing.T) {
 		t.Fatalf("%d orphans", n)
 	}
 	r.released(6, nil)
-	if e := r.entries[k6]; e == nil || !e.orphan || r.markLimit(25, 0) != 20 {
-		t.Fatalf("after releasing a claim not renewed: entry %+v, mark %d; want it kept, mark 20", e, r.markLimit(25, 0))
+	if e := r.entries[k6]; e == nil || !e.orphan || r.markLimit(25, 0, 0) != 20 {
+		t.Fatalf("after releasing a claim not renewed: entry %+v, mark %d; want it kept, mark 20", e, r.markLimit(25, 0, 0))
 	}
 	r.dropOrphans(6) // the entry was seen deleted
-	if m := r.markLimit(25, 0); m != 25 {
+	if m := r.markLimit(25, 0, 0); m != 25 {
 		t.Fatalf("mark %d once the release was seen, want 25", m)
+	}
+	// Idle checkpointed records are forgotten; one whose owner has not
+	// seen it (J14) only past its own cutoff.
+	r.owned[8] = true
+	k8 := keyIn(8, "")
+	r.commit([]*write{{key: k8, part: 8, gen: r.gen[8], failed: true}}, 26, now)
+	r.entries[k8].firstDirty = 0
+	if r.markLimit(26, now+1, now); r.entries[k8] == nil {
+		t.Fatal("a record its owner has not seen was forgotten before its cutoff")
+	}
+	if r.markLimit(26, now+1, now+1); r.entries[k8] != nil {
+		t.Fatal("a record its owner has not seen was kept past its cutoff")
+	}
+	r.commit([]*write{{key: k8, part: 8, gen: r.gen[8]}}, 27, now)
+	r.entries[k8].firstDirty = 0
+	if r.markLimit(27, now+1, now); r.entries[k8] != nil {
+		t.Fatal("an idle record its owner has seen was kept")
 	}
 }
 

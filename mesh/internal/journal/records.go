@@ -36,9 +36,10 @@ type entry struct {
 	pin bool
 	// unseen: the write of val was answered as failed (its outcome was
 	// unknown to its owner) and landed all the same. Its owner may have
-	// read the key again before the landing and hold an older revision, so
-	// the entry is kept, however long idle, until a later write of the key
-	// commits: J14 refuses writes over val only while it is in view.
+	// read the key again before the landing and hold an older revision:
+	// J14 refuses a write over val only while the entry is in view, so it
+	// is not forgotten when idle as others are (checkpoint.go,
+	// advanceMark), until a later write of the key commits.
 	unseen  bool
 	touched int64 // unix ns of the last write or read
 }
@@ -247,8 +248,9 @@ func (r *records) checkpointed(t todo, rev uint64, err error, keep bool) {
 // markLimit returns how far this node's journal may be marked checkpointed
 // (at most last): below every record not checkpointed and every pinned
 // one (invariant J3). It also forgets checkpointed records untouched since
-// idle (unix ns), except those whose owner has not seen them (J14).
-func (r *records) markLimit(last uint64, idle int64) uint64 {
+// idle (unix ns), and those whose owner has not seen them (unseen, J14)
+// untouched since idleUnseen.
+func (r *records) markLimit(last uint64, idle, idleUnseen int64) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := last
@@ -261,7 +263,7 @@ func (r *records) markLimit(last uint64, idle int64) uint64 {
 			m = min(m, e.firstDirty-1)
 		case e.pin:
 			m = min(m, e.jseq-1)
-		case e.touched < idle && !e.unseen:
+		case e.touched < idle && (!e.unseen || e.touched < idleUnseen):
 			delete(r.entries, k)
 		}
 	}

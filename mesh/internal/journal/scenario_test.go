@@ -142,24 +142,24 @@ func TestReadCacheEndsAtTheSourcesMark(t *testing.T) {
 func TestInheritedRecordsHoldTheMark(t *testing.T) {
 	r := newRecords(4)
 	r.inherit(10)
-	if m := r.markLimit(30, 0); m != 10 {
+	if m := r.markLimit(30, 0, 0); m != 10 {
 		t.Fatalf("mark %d after a restart at mark 10, want 10", m)
 	}
 	r.settled(0)         // partition 0 seen owned by another node
 	gen := r.adopting(1) // partition 1 adopted by this incarnation
 	r.adopted(1, gen)
 	r.settled(2)
-	if m := r.markLimit(30, 0); m != 10 {
+	if m := r.markLimit(30, 0, 0); m != 10 {
 		t.Fatalf("mark %d with partition 3 still inherited, want 10", m)
 	}
 	gen = r.adopting(3)
 	r.lose(3) // lost during its adoption: still inherited
 	r.adopted(3, gen)
-	if m := r.markLimit(30, 0); m != 10 {
+	if m := r.markLimit(30, 0, 0); m != 10 {
 		t.Fatalf("mark %d after a failed adoption of partition 3, want 10", m)
 	}
 	r.settled(3)
-	if m := r.markLimit(30, 0); m != 30 {
+	if m := r.markLimit(30, 0, 0); m != 30 {
 		t.Fatalf("mark %d once every partition settled, want 30", m)
 	}
 }

@@ -3,7 +3,9 @@ package sim
 import (
 	"flag"
 	"fmt"
+	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -21,6 +23,16 @@ var (
 	plantFlag = flag.String("sim.plant", "", "plant this bug (internal/bugs: SelfFence, JournalFence, ...) in TestSimulation's runs")
 	noLeased  = flag.Bool("sim.noleased", false, "run TestSimulation without the leased keys (Config.NoLeased)")
 )
+
+// TestMain runs the simulation's tests with the garbage collector set to
+// collect at five times the live heap, not twice: a schedule allocates
+// short-lived events and messages by the million and keeps little, so the
+// default spends about a third of the CPU collecting (measured: 20.7 s of
+// CPU for 200 seeds, 14.3 s at 400; the peak heap grew by 9%).
+func TestMain(m *testing.M) {
+	debug.SetGCPercent(400)
+	os.Exit(m.Run())
+}
 
 // TestSimulation runs many seeded schedules of a three-node mesh with
 // faults and checks the invariants after every step (check.go). A failure

@@ -60,7 +60,7 @@ func (j *Journal) barrier(p int, gen uint64, deadline time.Time, done func(uint6
 // claimed in epoch over an entry whose adoption sources were sources
 // (oldest first; none when the entry was absent or released).
 func (j *Journal) Adopt(p int, sources []string, epoch uint64, timeout time.Duration, done func(error)) {
-	gen := j.recs.adopting(p)
+	gen := j.recs.adopting(p, epoch)
 	j.open.reset(p, gen)
 	deadline := j.now().Add(timeout)
 	if bugs.Planted(bugs.AdoptBeforeServe) { // a test's planted bug

@@ -55,6 +55,10 @@ type records struct {
 	// key's runner still busy when p was lost would reload the key and
 	// journal decisions of a partition another node owns.
 	owned []bool
+	// epoch[p]: the epoch of the claim p's latest adoption served (the
+	// claim's revision, O2); a fence of p in a later epoch ends the
+	// tenure (fenced).
+	epoch []uint64
 	// unrenewed[p]: this node claimed p and has not renewed the claim yet.
 	unrenewed []bool
 	// inherited[p]: this node's journal may hold records of p from an
@@ -68,7 +72,7 @@ type records struct {
 
 func newRecords(parts int) *records {
 	return &records{entries: make(map[string]*entry), gen: make([]uint64, parts),
-		owned: make([]bool, parts), unrenewed: make([]bool, parts), inherited: make([]bool, parts)}
+		owned: make([]bool, parts), epoch: make([]uint64, parts), unrenewed: make([]bool, parts), inherited: make([]bool, parts)}
 }
 
 // inherit marks every partition's records as possibly in this node's
@@ -327,6 +331,27 @@ func (r *records) lose(p int) (kept, dropped int) {
 	return kept, dropped
 }
 
+// fenced ends p's tenure at once when this node's writer read a fence of
+// p in an epoch above the tenure's (another node claimed p since): a new
+// generation, so the writes of p still queued behind the append whose
+// resync read the fence are conflicts when their batch is taken, and p is
+// no longer held, so no later write or load of its keys is accepted
+// (J5, J6). Without it those writes went out in the next batch, expecting
+// the fence's sequence, and committed after the fence, unseen by the new
+// owner, which had read this journal up to the fence (invariant J1).
+// The loss (lose) still follows, from the ownership runner. It reports
+// whether the tenure ended.
+func (r *records) fenced(p int, epoch uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.owned[p] || epoch <= r.epoch[p] {
+		return false
+	}
+	r.gen[p]++
+	r.owned[p] = false
+	return true
+}
+
 // renewed unpins p's records: the claim is renewed (its adoption done, its
 // entry no longer names the claim's sources), so the partition's next
 // claimer reads this node's journal alone (invariant J4).
@@ -374,14 +399,15 @@ func (r *records) dropOrphans(p int) (n int) {
 	return n
 }
 
-// adopting starts an adoption of p: a new generation, not served, claim
-// not renewed; this node's own records of p become orphans, which hold the
-// mark (so its journal is not purged under the adoption's reads) until the
-// adopted records replace them.
-func (r *records) adopting(p int) (gen uint64) {
+// adopting starts an adoption of p, claimed in epoch: a new generation,
+// not served, claim not renewed; this node's own records of p become
+// orphans, which hold the mark (so its journal is not purged under the
+// adoption's reads) until the adopted records replace them.
+func (r *records) adopting(p int, epoch uint64) (gen uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.gen[p]++
+	r.epoch[p] = epoch
 	r.unrenewed[p] = true
 	r.owned[p] = false
 	for _, e := range r.entries {

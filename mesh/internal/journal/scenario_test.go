@@ -145,14 +145,14 @@ func TestInheritedRecordsHoldTheMark(t *testing.T) {
 	if m := r.markLimit(30, 0, 0); m != 10 {
 		t.Fatalf("mark %d after a restart at mark 10, want 10", m)
 	}
-	r.settled(0)         // partition 0 seen owned by another node
-	gen := r.adopting(1) // partition 1 adopted by this incarnation
+	r.settled(0)            // partition 0 seen owned by another node
+	gen := r.adopting(1, 1) // partition 1 adopted by this incarnation
 	r.adopted(1, gen)
 	r.settled(2)
 	if m := r.markLimit(30, 0, 0); m != 10 {
 		t.Fatalf("mark %d with partition 3 still inherited, want 10", m)
 	}
-	gen = r.adopting(3)
+	gen = r.adopting(3, 1)
 	r.lose(3) // lost during its adoption: still inherited
 	r.adopted(3, gen)
 	if m := r.markLimit(30, 0, 0); m != 10 {

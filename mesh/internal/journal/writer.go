@@ -377,7 +377,7 @@ func (w *writer) resync(f *flight, n int, last uint64, deadline time.Time, err e
 		}
 		var landed uint64
 		var found []foundFlight // abandoned flights that landed (J15)
-		lost := map[int]string{}
+		lost := map[int]fence{} // per partition, the latest fence of another node
 		scan := func(seq uint64, data []byte) error {
 			m, derr := decode(data)
 			switch {
@@ -386,8 +386,9 @@ func (w *writer) resync(f *flight, n int, last uint64, deadline time.Time, err e
 			case m.fence != nil:
 				fc := m.fence
 				if fc.node != w.j.cfg.Self && fc.part < w.j.cfg.Parts &&
-					(fc.epoch > w.j.cfg.View.Epoch(fc.part) || !w.j.cfg.View.Serving(fc.part)) {
-					lost[fc.part] = fc.node
+					(fc.epoch > w.j.cfg.View.Epoch(fc.part) || !w.j.cfg.View.Serving(fc.part)) &&
+					fc.epoch >= lost[fc.part].epoch {
+					lost[fc.part] = *fc
 				}
 			case nonce != 0 && m.nonce == nonce:
 				landed = seq
@@ -418,10 +419,15 @@ func (w *writer) resync(f *flight, n int, last uint64, deadline time.Time, err e
 				w.mu.Unlock()
 			}
 			for _, p := range slices.Sorted(maps.Keys(lost)) {
-				by := lost[p]
-				w.j.log.Warn("partition fenced by its new owner", "partition", p, "owner", by)
+				fc := lost[p]
+				// Every write of p's tenure fails from here on, not only
+				// f's: the writes queued behind f would otherwise go out
+				// next, expecting a sequence at or past the fence, and
+				// commit after it (J1).
+				w.j.recs.fenced(p, fc.epoch)
+				w.j.log.Warn("partition fenced by its new owner", "partition", p, "owner", fc.node)
 				if w.j.cfg.OnFenced != nil {
-					w.j.cfg.OnFenced(p, by)
+					w.j.cfg.OnFenced(p, fc.node)
 				}
 			}
 			if landed != 0 {

@@ -735,3 +735,62 @@ func appendAfterAdoption(t *testing.T) error {
 	}
 	return writeUsage(t, j, key, p, 2, 0, time.Now().Add(10*time.Second))
 }
+
+// TestQueuedWritesFailAfterAFence (J1, J5): a write queued behind an
+// append whose outcome is unknown must not commit once the resync of that
+// append has read another node's fence of the write's partition in an
+// epoch above the tenure's: the new owner read this journal up to the
+// fence, so a batch after it is never adopted. Only the writes of the
+// append in flight used to fail as fenced; the queued ones went out in the
+// next batch, expecting the fence's sequence, and committed (simulation
+// seed 2620: a node whose renewals failed while it read from a cut-off
+// stream leader admitted five calls after the fence, and the new owner
+// admitted the same counts again). A fence of an earlier epoch than the
+// tenure's (a claim this node's own adoption followed) ends nothing.
+func TestQueuedWritesFailAfterAFence(t *testing.T) {
+	for _, tenure := range []uint64{3, 20} {
+		t.Run(fmt.Sprintf("tenure=%d", tenure), func(t *testing.T) {
+			const p, q, fenceEpoch = 4, 5, 9
+			inP, inQ := keyIn(p, ""), keyIn(q, "")
+			j, _, js := testJournal(t)
+			queued := make(chan error, 1)
+			j.cfg.Stream = &lostAck{Stream: j.cfg.Stream, t: t, js: js,
+				fenceAfter: &fence{part: p, epoch: fenceEpoch, node: "other"},
+				prelude: func() {
+					// Queued while the first append is in flight.
+					j.w.enqueue(&write{key: inP, val: versioned("x", 1), usage: []keyrec.Usage{{Cost: 1}}, part: p, gen: j.recs.genOf(p),
+						deadline: time.Now().Add(10 * time.Second), done: func(_ uint64, err error) { queued <- err }})
+				}}
+			j.recs.owned[p], j.recs.owned[q] = true, true
+			j.recs.epoch[p] = tenure
+			if err := writeUsage(t, j, inQ, q, 1, 0, time.Now().Add(10*time.Second)); err != nil {
+				t.Fatalf("the write of partition %d: %v, want committed (its batch landed before the fence)", q, err)
+			}
+			var err error
+			select {
+			case err = <-queued:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the queued write got no answer within 30s")
+			}
+			if tenure > fenceEpoch {
+				if err != nil {
+					t.Fatalf("the queued write, after a fence older than the tenure: %v, want committed", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("the write queued behind it, of the fenced partition %d, committed after the fence (batches at %v)", p, journalBatches(t, js))
+			}
+			if b := journalBatches(t, js); len(b) != 1 {
+				t.Fatalf("batches at %v, want only the first", b)
+			}
+			err = wait(t, func(done func(error)) {
+				j.UpdateAsync(inP, versioned("x", 2), nil, tagRev(1|journalRevBit, j.recs.genOf(p)), 10*time.Second,
+					func(_ uint64, err error) { done(err) })
+			})
+			if !errors.Is(err, fail.ErrFenced) {
+				t.Fatalf("a later write of partition %d: %v, want fenced (J5)", p, err)
+			}
+		})
+	}
+}

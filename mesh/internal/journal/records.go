@@ -336,20 +336,19 @@ func (r *records) lose(p int) (kept, dropped int) {
 // generation, so the writes of p still queued behind the append whose
 // resync read the fence are conflicts when their batch is taken, and p is
 // no longer held, so no later write or load of its keys is accepted
-// (J5, J6). Without it those writes went out in the next batch, expecting
-// the fence's sequence, and committed after the fence, unseen by the new
-// owner, which had read this journal up to the fence (invariant J1).
-// The loss (lose) still follows, from the ownership runner. It reports
-// whether the tenure ended.
-func (r *records) fenced(p int, epoch uint64) bool {
+// (J5, J6). Those writes would otherwise go out in the next batch,
+// expecting the fence's sequence or a later one, and commit after the
+// fence, unseen by the new owner, which read this journal up to the fence
+// (invariant J1). The loss (lose) still follows, from the ownership
+// runner.
+func (r *records) fenced(p int, epoch uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.owned[p] || epoch <= r.epoch[p] {
-		return false
+		return
 	}
 	r.gen[p]++
 	r.owned[p] = false
-	return true
 }
 
 // renewed unpins p's records: the claim is renewed (its adoption done, its

@@ -188,16 +188,14 @@ func (d *decoder) uvarint() uint64 {
 	return v
 }
 
+// varint reads a signed varint (binary.PutVarint's zig-zag encoding of
+// an unsigned one).
 func (d *decoder) varint() int64 {
-	if d.err != nil {
-		return 0
+	u := d.uvarint()
+	v := int64(u >> 1)
+	if u&1 != 0 {
+		v = ^v
 	}
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.err = fmt.Errorf("%w: bad varint", ErrCorrupt)
-		return 0
-	}
-	d.b = d.b[n:]
 	return v
 }
 

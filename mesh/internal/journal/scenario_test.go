@@ -697,9 +697,8 @@ func TestAdoptionStepsHaveTheOperationTimeout(t *testing.T) {
 // claimer's read: its append meets the fence and fails as fenced, and the
 // claimer's adopted record is the key's latest. With the fence taken out
 // (the planted bug bugs.JournalFence) the append commits: the check can
-// fail. The simulation rarely has an append in flight across a takeover
-// (with the fence taken out, 1,500 seeds found it once), so this test is
-// what pins the rule.
+// fail. (The simulation's TestPlantedBugs reaches it too, through the
+// appends a cut-off owner's client sends when it reconnects.)
 func TestAdoptionFencesTheSourcesJournal(t *testing.T) {
 	if err := appendAfterAdoption(t); !errors.Is(err, fail.ErrFenced) {
 		t.Fatalf("the old owner's append after the adoption: %v, want fenced", err)

@@ -56,6 +56,7 @@ type node struct {
 	// to: while its member holds the partition.
 	subscribed []bool
 	watch      []func() // watch deliveries held while cut
+	unsent     []func() // requests published while cut, sent when it reconnects
 	wnext      int64    // global instant of the last watch delivery scheduled
 }
 
@@ -111,7 +112,7 @@ func (n *node) start() {
 	n.stalled = false
 	n.stale = nil
 	n.pausedUntil = 0
-	n.watch = nil
+	n.watch, n.unsent = nil, nil
 	n.subscribed = make([]bool, s.cfg.Parts)
 	rtm := nodeRT{n}
 	rt := route.New("rl", s.cfg.Parts, rtm, rtm.Now())
@@ -245,6 +246,11 @@ func (n *node) deliverWatch(e ownership.Entry) {
 // heal reconnects the node: the held watch deliveries go out, in order.
 func (n *node) heal() {
 	n.cut, n.stalled = false, false
+	unsent := n.unsent
+	n.unsent = nil
+	for _, send := range unsent {
+		send()
+	}
 	held := n.watch
 	n.watch = nil
 	for _, d := range held {
@@ -274,9 +280,28 @@ func (n *node) request(st *stream, timeout time.Duration, write bool, apply func
 		f()
 	}
 	s.s.after(n.global(int64(max(timeout, time.Microsecond))), n, func() { finish(func() { fail(errTimeout) }) })
-	if n.cut || s.s.chance(s.cfg.Loss) {
+	if s.s.chance(s.cfg.Loss) {
 		return
 	}
+	if n.cut {
+		// The client is disconnected: nats.go keeps what it publishes
+		// in its reconnect buffer and sends it once it reconnects, long
+		// after its caller may have given up (half the time here; the
+		// rest is lost: a buffer that overflowed, a reconnect that
+		// failed).
+		if s.s.chance(0.5) {
+			n.unsent = append(n.unsent, func() { n.request2(st, life, write, apply, finish) })
+		}
+		return
+	}
+	n.request2(st, life, write, apply, finish)
+}
+
+// request2 is request's way to the servers and back: after a network
+// delay the operation is applied to the world and its answer sent back,
+// unless lost.
+func (n *node) request2(st *stream, life int, write bool, apply func(view uint64) func(), finish func(func())) {
+	s := n.sim
 	s.s.after(s.netDelay(), nil, func() {
 		if !n.up || n.life != life || n.cut || s.s.now < st.down {
 			return

@@ -111,6 +111,14 @@ func Acquire(p Params, limits []kvstate.Limit, rec *keyrec.Record, now int64, ep
 	}
 	room := p.MaxOutstanding - Outstanding(rec.Grants, now, margin)
 	if room < least || least > want || len(rec.Grants) >= keyrec.MaxGrants {
+		if least <= want {
+			// No room, and when the limits lack the units too the key
+			// is exhausted: its holders deny here until they come back,
+			// rather than send every request to the owner (full).
+			if probe, _ := kvstate.DecideAll(limits, rec.States, now, least, nil); !probe.Allowed {
+				return AcquireResult{Outcome: Exhausted, Remaining: probe.Remaining, RetryAfter: probe.RetryAfter}, changed
+			}
+		}
 		d, _ := kvstate.DecideAll(limits, rec.States, now, 0, nil)
 		return AcquireResult{Outcome: Full, Remaining: d.Remaining, RetryAfter: firstRelease(rec.Grants, now, margin)}, changed
 	}

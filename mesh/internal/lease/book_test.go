@@ -83,9 +83,13 @@ func TestBookAcme(t *testing.T) {
 		{at: 0, epoch: 1, acquire: acq("b", 50*u, u), outcome: Granted, units: 10 * u, outstanding: 20 * u},
 		{at: 0, epoch: 1, acquire: acq("a", 10*u, u), outcome: Granted, units: 10 * u, outstanding: 30 * u},
 		{at: 0, epoch: 1, acquire: acq("c", 10*u, u), outcome: Granted, units: 10 * u, outstanding: 40 * u},
-		// Full: 40 outstanding; the bucket is empty as well.
-		{at: 0, epoch: 1, acquire: acq("d", 10*u, u), outcome: Full, outstanding: 40 * u},
+		// 40 outstanding, and the bucket is empty as well: exhausted
+		// (holders deny locally until it refills), not full (which
+		// sends every request to the owner).
+		{at: 0, epoch: 1, acquire: acq("d", 10*u, u), outcome: Exhausted, outstanding: 40 * u},
 		{at: 0, epoch: 1, decide: u, allowed: false, outstanding: 40 * u},
+		// Full: 40 outstanding while the bucket holds a unit (100 ms).
+		{at: 100 * ms, epoch: 1, acquire: acq("d", 10*u, u), outcome: Full, outstanding: 40 * u},
 		// a spent 6 of grant 1: 34 outstanding, room for 6, but the
 		// bucket has 1 unit after 100 ms.
 		{at: 100 * ms, epoch: 1, report: &ReportReq{ID: 1, Epoch: 1, Spent: 6 * u}, outstanding: 34 * u},

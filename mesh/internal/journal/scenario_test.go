@@ -437,10 +437,8 @@ func TestWriteOverAnUnseenCommitConflicts(t *testing.T) {
 // checkpoint then writes the landed record to the bucket, and the owner
 // writes over the bucket revision it read. That write must be refused, like
 // one taken before the checkpoint: the checkpoint does not make the owner's
-// read newer. Accepted, it journalled a record without the landed write (the
-// simulation's seed 404: a reservation a sweep's landed write had ended was
-// ended again by the next sweep, two usage records of one reservation). It
-// must still be refused however long the owner waits before writing: the
+// read newer. Accepted, it journals a record without the landed write: a
+// reservation that write ended is ended again (R2). It must still be refused however long the owner waits before writing: the
 // record the check needs is not forgotten while idle until a later write of
 // the key commits.
 func TestWriteOverACheckpointedCommitConflicts(t *testing.T) {
@@ -739,12 +737,10 @@ func appendAfterAdoption(t *testing.T) error {
 // append whose outcome is unknown must not commit once the resync of that
 // append has read another node's fence of the write's partition in an
 // epoch above the tenure's: the new owner read this journal up to the
-// fence, so a batch after it is never adopted. Only the writes of the
-// append in flight used to fail as fenced; the queued ones went out in the
-// next batch, expecting the fence's sequence, and committed (simulation
-// seed 2620: a node whose renewals failed while it read from a cut-off
-// stream leader admitted five calls after the fence, and the new owner
-// admitted the same counts again). A fence of an earlier epoch than the
+// fence, so a batch after it is never adopted. Failing only the writes of the
+// append in flight is not enough: the queued ones would go out in the
+// next batch, expecting the fence's sequence, and commit: admissions the
+// new owner never read, decided again by it (J1). A fence of an earlier epoch than the
 // tenure's (a claim this node's own adoption followed) ends nothing.
 func TestQueuedWritesFailAfterAFence(t *testing.T) {
 	for _, tenure := range []uint64{3, 20} {

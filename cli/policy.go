@@ -42,28 +42,41 @@ func runPolicy(ctx context.Context, args []string, s stdio) error {
 	)
 }
 
+// policyKV is the policy bucket of a running installation, with the
+// JetStream context it was opened from (to list its keys, see
+// [kvstate.Keys]).
+type policyKV struct {
+	jetstream.KeyValue
+	js jetstream.JetStream
+}
+
+// keys returns the bucket's keys.
+func (b policyKV) keys(ctx context.Context) ([]string, error) {
+	return kvstate.Keys(ctx, b.js, b.Bucket(), "")
+}
+
 // policyBucket opens the policy bucket of a running installation.
-func policyBucket(ctx context.Context, cf *clientFlags) (jetstream.KeyValue, func(), error) {
+func policyBucket(ctx context.Context, cf *clientFlags) (policyKV, func(), error) {
 	nc, js, err := cf.connectJS()
 	if err != nil {
-		return nil, nil, err
+		return policyKV{}, nil, err
 	}
 	name := cf.prefix + "_policies"
 	kv, err := js.KeyValue(ctx, name)
 	if err != nil {
 		nc.Close()
 		if errors.Is(err, jetstream.ErrBucketNotFound) {
-			return nil, nil, fmt.Errorf("bucket %s does not exist: start a node first (limitmesh serve)", name)
+			return policyKV{}, nil, fmt.Errorf("bucket %s does not exist: start a node first (limitmesh serve)", name)
 		}
-		return nil, nil, fmt.Errorf("open bucket %s: %v", name, err)
+		return policyKV{}, nil, fmt.Errorf("open bucket %s: %v", name, err)
 	}
-	return kv, nc.Close, nil
+	return policyKV{kv, js}, nc.Close, nil
 }
 
 // withBucket parses the client flags of a policy subcommand, checks that it got
 // exactly nargs positional arguments and runs fn with the open bucket.
 func withBucket(ctx context.Context, name string, args []string, nargs int, s stdio,
-	extra func(fsAdder), fn func(ctx context.Context, kv jetstream.KeyValue, args []string) error) error {
+	extra func(fsAdder), fn func(ctx context.Context, kv policyKV, args []string) error) error {
 	var cf clientFlags
 	fs := newFlags("policy "+name, s)
 	cf.register(fs)
@@ -136,7 +149,7 @@ func policyPut(ctx context.Context, args []string, s stdio) error {
 	var force bool
 	return withBucket(ctx, "put", args, 2, s, func(fs fsAdder) {
 		fs.BoolVar(&force, "force", false, "put even if this command's validation rejects the policy")
-	}, func(ctx context.Context, kv jetstream.KeyValue, args []string) error {
+	}, func(ctx context.Context, kv policyKV, args []string) error {
 		name := args[0]
 		doc, err := readDoc(args[1], s.in)
 		if err != nil {
@@ -158,7 +171,7 @@ func policyGet(ctx context.Context, args []string, s stdio) error {
 	var revision uint64
 	return withBucket(ctx, "get", args, 1, s, func(fs fsAdder) {
 		fs.Uint64Var(&revision, "revision", 0, "a past revision instead of the current one")
-	}, func(ctx context.Context, kv jetstream.KeyValue, args []string) error {
+	}, func(ctx context.Context, kv policyKV, args []string) error {
 		var (
 			e   jetstream.KeyValueEntry
 			err error
@@ -180,14 +193,10 @@ func policyGet(ctx context.Context, args []string, s stdio) error {
 }
 
 func policyList(ctx context.Context, args []string, s stdio) error {
-	return withBucket(ctx, "list", args, 0, s, nil, func(ctx context.Context, kv jetstream.KeyValue, _ []string) error {
-		lister, err := kv.ListKeys(ctx)
+	return withBucket(ctx, "list", args, 0, s, nil, func(ctx context.Context, kv policyKV, _ []string) error {
+		names, err := kv.keys(ctx)
 		if err != nil {
 			return err
-		}
-		var names []string
-		for k := range lister.Keys() {
-			names = append(names, k)
 		}
 		tw := tabwriter.NewWriter(s.out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tREVISION\tSTATUS\tMODE\tLIMITS\tDESCRIPTION")
@@ -238,7 +247,7 @@ func policyValidate(_ context.Context, args []string, s stdio) error {
 }
 
 func policyHistory(ctx context.Context, args []string, s stdio) error {
-	return withBucket(ctx, "history", args, 1, s, nil, func(ctx context.Context, kv jetstream.KeyValue, args []string) error {
+	return withBucket(ctx, "history", args, 1, s, nil, func(ctx context.Context, kv policyKV, args []string) error {
 		entries, err := kv.History(ctx, args[0])
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return fmt.Errorf("no history for %q", args[0])
@@ -262,7 +271,7 @@ func policyHistory(ctx context.Context, args []string, s stdio) error {
 }
 
 func policyRollback(ctx context.Context, args []string, s stdio) error {
-	return withBucket(ctx, "rollback", args, 1, s, nil, func(ctx context.Context, kv jetstream.KeyValue, args []string) error {
+	return withBucket(ctx, "rollback", args, 1, s, nil, func(ctx context.Context, kv policyKV, args []string) error {
 		name := args[0]
 		entries, err := kv.History(ctx, name)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -419,12 +428,12 @@ func explainDescriptor(ctx context.Context, cf *clientFlags, text string, bp mes
 		return err
 	}
 	defer closeFn()
-	lister, err := kv.ListKeys(ctx)
+	names, err := kv.keys(ctx)
 	if err != nil {
 		return err
 	}
 	var live []*policies.Policy
-	for name := range lister.Keys() {
+	for _, name := range names {
 		e, err := kv.Get(ctx, name)
 		if err != nil {
 			continue // deleted meanwhile

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/mesh"
 	"github.com/limitmesh/limitmesh/policies"
 	"github.com/limitmesh/limitmesh/shadow"
@@ -80,16 +81,16 @@ type storedSummary struct {
 
 // readSummaries returns the stored summaries by name (only name's when it
 // is not "").
-func readSummaries(ctx context.Context, kv jetstream.KeyValue, name string) ([]storedSummary, error) {
+func readSummaries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, name string) ([]storedSummary, error) {
 	var names []string
 	if name != "" {
 		names = []string{name}
 	} else {
-		lister, err := kv.ListKeys(ctx)
+		keys, err := kvstate.Keys(ctx, js, kv.Bucket(), "")
 		if err != nil {
 			return nil, err
 		}
-		for k := range lister.Keys() {
+		for _, k := range keys {
 			if policies.ValidateName(k) == nil {
 				names = append(names, k)
 			}
@@ -148,7 +149,7 @@ func shadowReport(ctx context.Context, args []string, s stdio) error {
 	if err != nil {
 		return err
 	}
-	sums, err := readSummaries(ctx, kv, name)
+	sums, err := readSummaries(ctx, js, kv, name)
 	if err != nil {
 		return err
 	}

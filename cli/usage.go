@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 	lmusage "github.com/limitmesh/limitmesh/usage"
 )
@@ -74,7 +75,7 @@ func usageReport(ctx context.Context, args []string, s stdio) error {
 		}
 		return fmt.Errorf("open bucket %s: %v", bucket, err)
 	}
-	entries, err := readTotals(rctx, kv, lmusage.TotalsFilter(policy, period, key))
+	entries, err := readTotals(rctx, js, kv, lmusage.TotalsFilter(policy, period, key))
 	if err != nil {
 		return err
 	}
@@ -117,42 +118,39 @@ type totalsEntry struct {
 }
 
 // readTotals returns the ledger's totals entries matching filter, sorted
-// by policy, period (a month before its days) and limit key.
-func readTotals(ctx context.Context, kv jetstream.KeyValue, filter string) ([]totalsEntry, error) {
-	w, err := kv.WatchFiltered(ctx, []string{filter}, jetstream.IgnoreDeletes())
+// by policy, period (a month before its days) and limit key. It lists the
+// keys with kvstate.Keys and reads each: a watcher's initial values (and
+// so kv.ListKeys) can leave out entries the reconciler rewrites meanwhile.
+func readTotals(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]totalsEntry, error) {
+	keys, err := kvstate.Keys(ctx, js, kv.Bucket(), filter)
 	if err != nil {
 		return nil, fmt.Errorf("read ledger: %v", err)
 	}
-	defer w.Stop()
 	var out []totalsEntry
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("read ledger: %v", ctx.Err())
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("read ledger: watcher closed")
-			}
-			if e == nil { // every current entry was delivered
-				sort.Slice(out, func(i, j int) bool {
-					a, b := &out[i].t, &out[j].t
-					if a.Policy != b.Policy {
-						return a.Policy < b.Policy
-					}
-					if a.Period != b.Period {
-						return a.Period < b.Period
-					}
-					return a.Key < b.Key
-				})
-				return out, nil
-			}
-			t, err := lmusage.ParseTotals(e.Value())
-			if err != nil {
-				return nil, fmt.Errorf("ledger entry %s: %v", e.Key(), err)
-			}
-			out = append(out, totalsEntry{key: e.Key(), raw: e.Value(), t: t})
+	for _, k := range keys {
+		e, err := kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // deleted
+		} else if err != nil {
+			return nil, fmt.Errorf("read ledger: %v", err)
 		}
+		t, err := lmusage.ParseTotals(e.Value())
+		if err != nil {
+			return nil, fmt.Errorf("ledger entry %s: %v", e.Key(), err)
+		}
+		out = append(out, totalsEntry{key: e.Key(), raw: e.Value(), t: t})
 	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := &out[i].t, &out[j].t
+		if a.Policy != b.Policy {
+			return a.Policy < b.Policy
+		}
+		if a.Period != b.Period {
+			return a.Period < b.Period
+		}
+		return a.Key < b.Key
+	})
+	return out, nil
 }
 
 func printTotals(w io.Writer, entries []totalsEntry) {

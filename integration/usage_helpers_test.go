@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/usage"
 )
 
@@ -153,18 +154,16 @@ func ledgerUsage(js jetstream.JetStream, policy string) (map[keyDay]usageSums, e
 	if err != nil {
 		return nil, err
 	}
-	lister, err := kv.ListKeysFiltered(ctx, usage.TotalsFilter(policy, "", ""))
+	keys, err := kvstate.Keys(ctx, js, kv.Bucket(), usage.TotalsFilter(policy, "", "")) // not kv.ListKeys, which can miss a key being rewritten
 	if err != nil {
 		return nil, err
-	}
-	var keys []string
-	for k := range lister.Keys() {
-		keys = append(keys, k)
 	}
 	out := map[keyDay]usageSums{}
 	for _, k := range keys {
 		e, err := kv.Get(ctx, k)
-		if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		} else if err != nil {
 			return nil, err
 		}
 		tot, err := usage.ParseTotals(e.Value())

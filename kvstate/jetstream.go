@@ -25,6 +25,7 @@ import (
 // NATS error type for the conditions they must handle. Other failures
 // (timeouts, no responders) are returned wrapped with the key.
 type JetStreamStore struct {
+	js     jetstream.JetStream
 	nc     *nats.Conn
 	kv     jetstream.KeyValue
 	bucket string
@@ -44,6 +45,7 @@ func NewJetStreamStore(ctx context.Context, js jetstream.JetStream, bucket strin
 		return nil, fmt.Errorf("kvstate: bind bucket %q: %w", bucket, err)
 	}
 	return &JetStreamStore{
+		js:     js,
 		nc:     js.Conn(),
 		kv:     kv,
 		bucket: bucket,

@@ -65,7 +65,7 @@ func (n *Node) start(ctx, bgctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	watcher, err := n.watchPolicies(ctx, bgctx, b.policies)
+	watcher, err := n.watchPolicies(ctx, bgctx, js, b.policies)
 	if err != nil {
 		return err
 	}
@@ -150,13 +150,15 @@ func (n *Node) openBuckets(ctx context.Context, s jsSetup) (b buckets, err error
 
 // watchPolicies starts the watch of the policy bucket and returns once the
 // initial values are applied (before anything decides).
-func (n *Node) watchPolicies(ctx, bgctx context.Context, pkv jetstream.KeyValue) (*policyset.Watcher, error) {
+func (n *Node) watchPolicies(ctx, bgctx context.Context, js jetstream.JetStream, pkv jetstream.KeyValue) (*policyset.Watcher, error) {
 	pm, err := policyset.NewMetrics(n.reg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: registering metrics: %v", ErrConfig, err)
 	}
 	watcher := policyset.NewWatcher(pkv, n.policies, n.log, pm)
-	w, err := pkv.WatchAll(bgctx)
+	// Not pkv.WatchAll, whose marker can come before a policy's entry
+	// while another is rewritten.
+	w, err := kvstate.WatchAll(bgctx, js, pkv.Bucket())
 	if err != nil {
 		return nil, fmt.Errorf("mesh: watching %s: %w", n.policyBucket(), err)
 	}

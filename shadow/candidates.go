@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 )
 
@@ -96,10 +97,8 @@ type candidateList struct {
 // after every change (a reader that falls behind gets the latest list
 // only). It waits for the bucket to exist.
 func watchCandidates(ctx context.Context, js jetstream.JetStream, bucket string, out chan candidateList, log *slog.Logger) error {
-	var kv jetstream.KeyValue
 	for {
-		var err error
-		kv, err = js.KeyValue(ctx, bucket)
+		_, err := js.KeyValue(ctx, bucket)
 		if err == nil {
 			break
 		}
@@ -113,7 +112,10 @@ func watchCandidates(ctx context.Context, js jetstream.JetStream, bucket string,
 			return ctx.Err()
 		}
 	}
-	w, err := kv.WatchAll(ctx)
+	// Not kv.WatchAll, whose marker can come before a candidate's entry
+	// while another policy is rewritten: the first list would lack it, its
+	// summary would be deleted and its counts start again.
+	w, err := kvstate.WatchAll(ctx, js, bucket)
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", bucket, err)
 	}

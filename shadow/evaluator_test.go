@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/limitmesh/limitmesh/internal/jstest"
+	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/limitmesh/limitmesh/policies"
 	"github.com/limitmesh/limitmesh/usage"
 )
@@ -61,12 +62,12 @@ func readSummaries(t testing.TB, js jetstream.JetStream, prefix string) map[stri
 	} else if err != nil {
 		t.Fatal(err)
 	}
-	lister, err := kv.ListKeys(ctx)
+	keys, err := kvstate.Keys(ctx, js, kv.Bucket(), "") // not kv.ListKeys, which can miss a key being rewritten
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]Summary{}
-	for k := range lister.Keys() {
+	for _, k := range keys {
 		if !isSummaryKey(k) {
 			continue
 		}

@@ -114,13 +114,12 @@ func ensureBuckets(ctx context.Context, js jetstream.JetStream, prefix string, r
 func (s *store) load(ctx context.Context) ([]byte, error) {
 	s.revs = map[string]uint64{}
 	s.ptrRev, s.ptr = 0, pointer{}
-	lister, err := s.kv.ListKeys(ctx)
+	// Not kv.ListKeys: a listing while the lease entry is renewed can miss
+	// a summary, which this term would then neither update (a create
+	// over it fails as if fenced) nor delete when its candidate goes.
+	names, err := s.leader.Keys(ctx, "")
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", s.kv.Bucket(), err)
-	}
-	var names []string
-	for k := range lister.Keys() {
-		names = append(names, k)
 	}
 	for _, k := range names {
 		if !isSummaryKey(k) {

@@ -156,14 +156,14 @@ func (s *session) prune(ctx context.Context) {
 	r := s.r
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.OpTimeout)
 	defer cancel()
-	lister, err := r.kv.ListKeysFiltered(pctx, marksPrefix+">", marksHashed+">")
-	if err != nil {
-		r.log.Debug("prune: list watermarks", "err", err)
-		return
-	}
 	var keys []string
-	for k := range lister.Keys() {
-		keys = append(keys, k)
+	for _, filter := range []string{marksPrefix + ">", marksHashed + ">"} {
+		ks, err := r.store.Keys(pctx, filter)
+		if err != nil {
+			r.log.Debug("prune: list watermarks", "err", err)
+			return
+		}
+		keys = append(keys, ks...)
 	}
 	horizon := time.Now().Add(-s.retention).UnixMicro()
 	for _, k := range keys {

@@ -50,8 +50,8 @@ func NewWatcher(kv jetstream.KeyValue, set *Set, log *slog.Logger, m *Metrics) *
 	return &Watcher{kv: kv, set: set, log: log, metrics: m}
 }
 
-// Run consumes w (a WatchAll of the bucket) until it closes or ctx ends;
-// ready is closed once the initial values have been applied.
+// Run consumes w (a kvstate.WatchAll of the bucket) until it closes or
+// ctx ends; ready is closed once the initial values have been applied.
 func (pw *Watcher) Run(ctx context.Context, w jetstream.KeyWatcher, ready chan<- struct{}) {
 	defer func() { _ = w.Stop() }()
 	initial := true

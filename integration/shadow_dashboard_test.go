@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitmesh/limitmesh/internal/jstest"
 	"github.com/limitmesh/limitmesh/internal/usagetest"
 	"github.com/limitmesh/limitmesh/kvstate"
 	"github.com/nats-io/nats.go"
@@ -95,34 +96,24 @@ func showsSummary(c domCandidate, s shadow.Summary) string {
 func dashboardShows(t *testing.T, page *browserPage, js jetstream.JetStream, what string) []domCandidate {
 	t.Helper()
 	var cards []domCandidate
-	var why string
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	shows := func() bool {
+	jstest.EventuallyWhy(t, 60*time.Second, what+" (the dashboard shows the bucket's summaries)", func() (bool, string) {
 		want := bucketSummaries(t, ctx, js)
 		page.eval(readDashboard, &cards)
 		if len(cards) != len(want) {
-			why = fmt.Sprintf("%d cards, %d summaries", len(cards), len(want))
-			return false
+			return false, fmt.Sprintf("%d cards, %d summaries", len(cards), len(want))
 		}
 		for i, c := range cards {
 			if c.Policy != want[i].Policy {
-				why = fmt.Sprintf("card %d is %s, want %s", i, c.Policy, want[i].Policy)
-				return false
+				return false, fmt.Sprintf("card %d is %s, want %s", i, c.Policy, want[i].Policy)
 			}
-			if why = showsSummary(c, want[i]); why != "" {
-				return false
+			if why := showsSummary(c, want[i]); why != "" {
+				return false, why
 			}
 		}
-		return true
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for !shows() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 60s waiting for %s: the dashboard shows the bucket's summaries (last: %s)", what, why)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return true, ""
+	})
 	return cards
 }
 

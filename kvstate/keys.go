@@ -18,11 +18,11 @@ import (
 // A KV listing (kv.ListKeys) is a watcher that stops after as many
 // messages as were pending when it started: a key rewritten meanwhile is
 // delivered twice and uses up the count of one that is then never
-// delivered, so a listing of a bucket being written misses keys (about
-// one listing in three with four keys rewritten in a loop; see
-// TestKeysWhileRewritten). The subject count misses none, but it counts
-// a deleted key until its marker is gone: callers read each key and skip
-// those not found. Very large buckets are read in pages (the server's
+// delivered, so a listing of a bucket being written misses keys (one
+// listing in three, measured with four of five keys rewritten in a loop;
+// TestKeysWhileRewritten fails with it at once). The subject count misses
+// none, but it counts a deleted key until its marker is gone: callers read
+// each key and skip those not found. Very large buckets are read in pages (the server's
 // limit per answer), and a key created between pages may be left out.
 func Keys(ctx context.Context, js jetstream.JetStream, bucket, filter string) ([]string, error) {
 	if filter == "" {
@@ -64,7 +64,8 @@ const relistEvery = 250 * time.Millisecond
 //
 // kv.WatchAll's own marker comes after as many entries as were pending
 // when it began: a key rewritten meanwhile is delivered twice and the
-// marker can come before another key's entry (see TestWatchAllWhileRewritten).
+// marker can come before another key's entry (TestWatchAllWhileRewritten
+// fails with it at once).
 // This watch lists the keys first ([Keys]) and holds the marker back until
 // each has had an entry; a listed key whose entries all went before the
 // watch delivered one (a purged subject, an expired marker) stops being

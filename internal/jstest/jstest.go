@@ -158,9 +158,23 @@ func KeyValue(t testing.TB, js jetstream.JetStream, cfg jetstream.KeyValueConfig
 // limit has passed: the one bounded wait of tests on observable state.
 func Eventually(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
+	EventuallyWhy(t, limit, what, func() (bool, string) { return cond(), "" })
+}
+
+// EventuallyWhy is Eventually with a condition that says why it does not
+// hold yet; the failure quotes its last reason.
+func EventuallyWhy(t testing.TB, limit time.Duration, what string, cond func() (ok bool, why string)) {
+	t.Helper()
 	deadline := time.Now().Add(limit)
-	for !cond() {
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
 		if time.Now().After(deadline) {
+			if why != "" {
+				t.Fatalf("timed out after %v waiting for %s (last: %s)", limit, what, why)
+			}
 			t.Fatalf("timed out after %v waiting for %s", limit, what)
 		}
 		time.Sleep(10 * time.Millisecond)

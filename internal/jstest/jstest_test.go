@@ -3,6 +3,9 @@ package jstest
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,5 +61,42 @@ func TestNoJetStream(t *testing.T) {
 	defer cancel()
 	if _, err := js.AccountInfo(ctx); !errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
 		t.Fatalf("AccountInfo on a core server: %v, want ErrJetStreamNotEnabled", err)
+	}
+}
+
+// fatalRecorder is a testing.TB whose Fatalf records its message and ends
+// the goroutine, as testing's does.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalRecorder) Helper() {}
+func (f *fatalRecorder) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// TestEventuallyWhy: a condition that comes to hold ends the wait without
+// a failure; one that never holds fails it, quoting its last reason.
+func TestEventuallyWhy(t *testing.T) {
+	run := func(cond func() (bool, string)) string {
+		f := &fatalRecorder{TB: t}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			EventuallyWhy(f, 20*time.Millisecond, "the cards", cond)
+		}()
+		<-done
+		return f.msg
+	}
+	calls := 0
+	if msg := run(func() (bool, string) { calls++; return calls == 3, "not yet" }); msg != "" || calls != 3 {
+		t.Errorf("a condition holding at the third call: %d calls, failure %q", calls, msg)
+	}
+	n := 0
+	msg := run(func() (bool, string) { n++; return false, fmt.Sprintf("%d cards", n) })
+	if want := fmt.Sprintf("(last: %d cards)", n); !strings.HasPrefix(msg, "timed out after 20ms waiting for the cards") || !strings.HasSuffix(msg, want) {
+		t.Errorf("failure %q, want it to end with %q", msg, want)
 	}
 }

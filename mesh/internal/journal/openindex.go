@@ -413,16 +413,18 @@ func (x *openIndex) save(p int, gen uint64, held func() bool, timeout time.Durat
 // first) and returns how many keys it left out.
 func encodeOpen(keys map[string]openEntry) ([]byte, int) {
 	names := slices.Sorted(maps.Keys(keys))
+	// An entry's size at most (its policy's name counted with every key).
+	sizeOf := func(k string) int { return len(k) + len(keys[k].policy) + 2*binary.MaxVarintLen64 }
 	size := 0
 	for _, k := range names {
-		size += len(k) + len(keys[k].policy) + 2*binary.MaxVarintLen64
+		size += sizeOf(k)
 	}
 	dropped := 0
 	if size > maxOpenBytes {
 		slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(keys[a].next, keys[b].next), cmp.Compare(a, b)) })
 		for size > maxOpenBytes {
 			k := names[len(names)-1]
-			size -= len(k) + len(keys[k].policy) + 2*binary.MaxVarintLen64
+			size -= sizeOf(k)
 			names = names[:len(names)-1]
 			dropped++
 		}

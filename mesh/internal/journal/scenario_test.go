@@ -438,9 +438,9 @@ func TestWriteOverAnUnseenCommitConflicts(t *testing.T) {
 // writes over the bucket revision it read. That write must be refused, like
 // one taken before the checkpoint: the checkpoint does not make the owner's
 // read newer. Accepted, it journals a record without the landed write: a
-// reservation that write ended is ended again (R2). It must still be refused however long the owner waits before writing: the
-// record the check needs is not forgotten while idle until a later write of
-// the key commits.
+// reservation that write ended is ended again (R2). It must still be
+// refused however long the owner waits before writing: the record the check
+// needs is not forgotten while idle until a later write of the key commits.
 func TestWriteOverACheckpointedCommitConflicts(t *testing.T) {
 	const p = 6
 	key := keyIn(p, "")

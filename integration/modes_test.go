@@ -253,8 +253,11 @@ func TestCorruptRecordConservative(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := decide(t, tn.nc, "rl.v1.decide", req(map[string]string{"tenant": "bad"}, ""))
-	if r.Allowed || r.Remaining != 0 || r.Code != "" {
-		t.Fatalf("decision on a corrupt record: %+v, want denied with 0 left", r)
+	// Less than a unit left (a fresh burst leaves 39): the key starts
+	// empty when its record is loaded, and the policy's 1/h refills only
+	// micro-units (about 3 in 10 ms) before the decision reads the clock.
+	if r.Allowed || r.Remaining >= 1 || r.Code != "" {
+		t.Fatalf("decision on a corrupt record: %+v, want denied with less than a unit left", r)
 	}
 	if got := metricValue(t, tn, "limitmesh_corrupt_records_total"); got != 1 {
 		t.Fatalf("corrupt records counted %v, want 1", got)
